@@ -1,0 +1,190 @@
+/*
+ * veloxquant: a compressed KV cache for transformer language models, with
+ * fused attention computed straight from the packed codes.
+ *
+ * This is the one public header. Every fallible call returns a vq_status
+ * (VQ_OK == 0); on failure vq_last_error() returns a message for the calling
+ * thread that names the bad value and the allowed range. The library never
+ * prints and never exits.
+ */
+#ifndef VELOXQUANT_H
+#define VELOXQUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VQ_VERSION_MAJOR 0
+#define VQ_VERSION_MINOR 1
+#define VQ_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------- errors */
+
+typedef enum {
+    VQ_OK = 0,
+    VQ_ERR_ARG = 1,         /* an argument or option is out of range */
+    VQ_ERR_NOMEM = 2,       /* an allocation failed */
+    VQ_ERR_IO = 3,          /* a file could not be read or written */
+    VQ_ERR_FORMAT = 4,      /* a file or string is malformed */
+    VQ_ERR_UNSUPPORTED = 5, /* valid, but not supported by this build */
+    VQ_ERR_STATE = 6        /* the call does not fit the object's state */
+} vq_status;
+
+/* Message for the last failed call on this thread ("" if none). */
+const char *vq_last_error(void);
+const char *vq_status_name(vq_status s);
+const char *vq_version(void);
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum { VQ_F32 = 0, VQ_F16 = 1, VQ_BF16 = 2 } vq_dtype;
+
+size_t vq_dtype_size(vq_dtype t);
+
+/* IEEE binary16 and bfloat16. Conversions to 16 bits round to nearest,
+ * ties to even; NaN stays NaN (quiet), infinities and subnormals are exact. */
+uint16_t vq_f32_to_f16(float x);
+float vq_f16_to_f32(uint16_t h);
+uint16_t vq_f32_to_bf16(float x);
+float vq_bf16_to_f32(uint16_t h);
+/* Array forms; use F16C / AVX2 when the CPU has them, identical results. */
+void vq_f32_to_f16_array(const float *x, uint16_t *out, size_t n);
+void vq_f16_to_f32_array(const uint16_t *h, float *out, size_t n);
+void vq_f32_to_bf16_array(const float *x, uint16_t *out, size_t n);
+void vq_bf16_to_f32_array(const uint16_t *h, float *out, size_t n);
+
+/* ----------------------------------------------------------------- CPU */
+
+/* Kernel levels. VQ_CPU_AUTO picks the best the running CPU supports. */
+typedef enum {
+    VQ_CPU_AUTO = -1,
+    VQ_CPU_SCALAR = 0,
+    VQ_CPU_AVX2 = 1,    /* AVX2 + FMA + F16C */
+    VQ_CPU_AVX512 = 2   /* AVX-512 F/BW/VL (reserved: no AVX-512 kernels yet) */
+} vq_cpu_level;
+
+vq_cpu_level vq_cpu_detect(void);           /* what the CPU supports */
+const char *vq_cpu_level_name(vq_cpu_level l);
+/* Force a lower kernel level for the whole process (tests, benchmarks).
+ * Asking for a level the CPU lacks is an error. */
+vq_status vq_cpu_set_level(vq_cpu_level l);
+vq_cpu_level vq_cpu_level_in_use(void);
+
+/* ---------------------------------------------------------------- utils */
+
+void *vq_aligned_alloc(size_t bytes);       /* 64-byte aligned, NULL on failure */
+void vq_aligned_free(void *p);
+double vq_time_now(void);                   /* monotonic seconds */
+
+/* Seeded generator (xoshiro256**): same seed, same stream on every platform. */
+typedef struct { uint64_t s[4]; } vq_rng;
+void vq_rng_seed(vq_rng *r, uint64_t seed);
+uint64_t vq_rng_next(vq_rng *r);
+double vq_rng_uniform(vq_rng *r);           /* [0, 1) */
+double vq_rng_normal(vq_rng *r);            /* N(0, 1) */
+
+/* A small pool of worker threads. Work is split into numbered tasks; which
+ * thread runs a task never changes a result. */
+typedef struct vq_pool vq_pool;
+vq_status vq_pool_create(int n_threads, vq_pool **out); /* 1..256 */
+void vq_pool_free(vq_pool *p);
+int vq_pool_threads(const vq_pool *p);
+/* Runs fn(ctx, task, thread) for task in [0, n_tasks); returns when all are
+ * done. thread is in [0, vq_pool_threads). A NULL pool runs inline. */
+void vq_pool_run(vq_pool *p, int n_tasks, void (*fn)(void *ctx, int task, int thread),
+                 void *ctx);
+
+/* ------------------------------------------------------------- the cache */
+
+/*
+ * A KV spec string picks the compression:
+ *   METHOD[:key=value,...]                the same method for K and V
+ *   k=METHOD[:...];v=METHOD[:...]         different methods or bits for K and V
+ * Methods in this build: "fp16" and "kivi" (bits=2|3|4|8, group=32|64|128,
+ * residual=0..4096; defaults bits=2, group=32, residual=128).
+ * Eviction policies ("+POLICY") are not available in this build.
+ */
+typedef struct {
+    int n_layers;        /* 1..1024 */
+    int n_heads_q;       /* query heads, a multiple of n_heads_kv */
+    int n_heads_kv;      /* 1..1024 */
+    int head_dim;        /* 8..1024, a multiple of 8 (a method may ask for more) */
+    const char *kv_spec; /* NULL means "fp16" */
+    int64_t capacity;    /* max tokens per (layer, head); 0 = unlimited */
+    int block_tokens;    /* tokens per storage block; 0 = default (128) */
+} vq_cache_config;
+
+typedef struct vq_cache vq_cache;
+
+vq_status vq_cache_create(const vq_cache_config *cfg, vq_cache **out);
+void vq_cache_free(vq_cache *c);
+
+/*
+ * Appends n_tokens new tokens to one layer. k and v are rows laid out
+ * [n_tokens][n_heads_kv][head_dim] in dtype. positions[i] is the absolute
+ * position of token i (strictly increasing, greater than every position
+ * already in the layer); NULL continues from the last position + 1 (0 for
+ * an empty layer).
+ */
+vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, const void *v,
+                          vq_dtype dtype, const int32_t *positions);
+
+/* Tokens held by one layer (every head holds the same count). */
+int64_t vq_cache_tokens(const vq_cache *c, int layer);
+/* Bytes actually allocated for K/V data and their metadata (codes, scales,
+ * positions, the fp16 window), all layers. */
+size_t vq_cache_bytes(const vq_cache *c);
+/* Bytes the same tokens would take as plain fp16 K and V. */
+size_t vq_cache_bytes_fp16_equiv(const vq_cache *c);
+/* Drops every token; keeps allocated blocks for reuse. */
+void vq_cache_reset(vq_cache *c);
+/* Keeps the first n_tokens tokens of every layer (n_tokens <= tokens held).
+ * Quantized groups that would be cut are not split: tokens can only be
+ * truncated down to a group boundary of the quantized part, or anywhere in
+ * the fp16 window; other counts are an error naming the allowed values. */
+vq_status vq_cache_truncate(vq_cache *c, int64_t n_tokens);
+/* The spec as parsed, with every default filled in, e.g.
+ * "k=kivi:bits=2,group=32,residual=128;v=kivi:bits=2,group=32,residual=128". */
+const char *vq_cache_spec(const vq_cache *c);
+/* Bits per K/V element including metadata, averaged over K and V, for the
+ * quantized part (the fp16 window excluded). */
+double vq_cache_bits_per_elem(const vq_cache *c);
+
+/* Decodes the tokens of one (layer, kv head) to fp32 rows [n][head_dim], in
+ * position order, with their positions. For tests and the reference path:
+ * attention never does this. n must be vq_cache_tokens(c, layer). */
+vq_status vq_cache_decode(const vq_cache *c, int layer, int kv_head, float *k, float *v,
+                          int32_t *positions);
+
+/* --------------------------------------------------------------- attend */
+
+typedef struct {
+    int n_q;               /* query rows (1 for a decode step) */
+    const float *q;        /* [n_q][n_heads_q][head_dim] fp32 */
+    const int32_t *q_pos;  /* [n_q] absolute positions; a row sees keys with
+                              position <= its own. NULL: no mask */
+    float scale;           /* softmax scale; 0 means 1/sqrt(head_dim) */
+    void *out;             /* [n_q][n_heads_q][head_dim] */
+    vq_dtype out_dtype;    /* VQ_F32 or VQ_F16 */
+    vq_pool *pool;         /* NULL: run on the calling thread */
+} vq_attend_args;
+
+/* Fused attention of one layer over the compressed cache. Reads packed codes
+ * directly; never writes a dequantized K or V. The result does not depend on
+ * the pool's thread count. A query row that sees no key gets zeros. */
+vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a);
+
+/* Plain fp64 attention over rows (the tests' reference). k, v: [n_k][head_dim]
+ * per kv head laid out [n_heads_kv][n_k][head_dim]; kpos [n_k]; q and out as
+ * in vq_attend (out is double). */
+void vq_attend_reference(int n_heads_q, int n_heads_kv, int head_dim, int n_q, const float *q,
+                         const int32_t *q_pos, int n_k, const float *k, const float *v,
+                         const int32_t *kpos, double scale, double *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

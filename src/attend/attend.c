@@ -1,0 +1,298 @@
+/* Fused attention over the compressed cache.
+ *
+ * For each kv head, the rows (query tokens x the q heads of its GQA group)
+ * stream over the head's blocks and then its fp16 window. Per block the
+ * method scores the packed keys, attention applies the causal mask and an
+ * fp32 online softmax (one max and one rescale per block), and the method
+ * accumulates the packed values weighted by the probabilities. Nothing is
+ * dequantized into memory.
+ *
+ * Work split. With few rows (decode) each head's token stream is cut into
+ * partitions of a fixed number of blocks (flash-decoding); every partition
+ * yields (max, sum, acc) and the partitions are merged in order. With many
+ * rows (prefill) the rows are cut into chunks instead and each chunk streams
+ * all tokens. The cut depends only on the shapes, never on the thread count,
+ * so results are identical for any number of threads.
+ */
+#include "vq_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#define PART_TOKENS 512   /* tokens per partition in split mode */
+#define ROW_CHUNK 32      /* rows per task; more rows than this: row mode */
+
+/* exp(x[i] - m) in place for i < n; returns the sum. Masked entries are -inf
+ * and become 0. Scalar and AVX2 versions (kernels/cpu/softmax_avx2.c). */
+float vq_exp_shift_sum_avx2(float *x, int n, float m);
+float vq_max_avx2(const float *x, int n);
+
+static float exp_shift_sum(float *x, int n, float m) {
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2()) return vq_exp_shift_sum_avx2(x, n, m);
+#endif
+    float s = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        s += x[i];
+    }
+    return s;
+}
+
+static float max_of(const float *x, int n) {
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2()) return vq_max_avx2(x, n);
+#endif
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+typedef struct {
+    vq_cache *c;
+    int layer;
+    const vq_attend_args *a;
+    int g;              /* q heads per kv head */
+    int rows_total;     /* n_q * g */
+    int split;          /* 1: split-KV (decode), 0: row chunks (prefill) */
+    int part_blocks;    /* blocks per partition (split mode) */
+    int n_parts;        /* partitions per head, the window included */
+    int n_row_chunks;
+    int tasks_per_head;
+    float scale;
+    float *partials;    /* split: [H][n_parts][rows_total][d + 2] */
+    float *thread_mem;  /* [threads][thread_floats] */
+    size_t thread_floats;
+    size_t method_floats;
+    int logit_ld;
+} job;
+
+/* Processes tokens [t0, t0 + n) of one block-like payload pair. */
+static void run_span(const job *jb, int nr, const float *qbuf, const int32_t *qpos, int32_t qpos_max,
+                     const uint8_t *kp, const uint8_t *vp, int bt, const int32_t *kpos, int n,
+                     float *m, float *l, float *acc, float *logits, float *mscratch, bool is_window) {
+    const vq_cache *c = jb->c;
+    int d = c->cfg.head_dim, ld = jb->logit_ld;
+    if (n <= 0) return;
+    if (qpos && kpos[0] > qpos_max) return; /* the whole span is in every row's future */
+    const vq_mparams *pk = is_window ? NULL : &c->spec.k, *pv = is_window ? NULL : &c->spec.v;
+    vq_mparams fk, fv;
+    if (is_window) { /* the window holds plain fp16 rows */
+        memset(&fk, 0, sizeof fk);
+        fk.method = &vq_method_fp16;
+        fk.head_dim = d;
+        fv = fk;
+        fv.is_value = true;
+        pk = &fk;
+        pv = &fv;
+    }
+    pk->method->score(pk, qbuf, nr, kp, bt, 0, n, logits, ld, mscratch);
+    bool need_mask = qpos && kpos[n - 1] > qpos[0];
+    for (int r = 0; r < nr; r++) {
+        float *lr = logits + (size_t)r * ld;
+        if (need_mask) {
+            int32_t qp = qpos[r];
+            for (int j = 0; j < n; j++)
+                if (kpos[j] > qp) lr[j] = -INFINITY;
+        }
+        float mb = max_of(lr, n);
+        if (mb == -INFINITY) { /* nothing visible to this row here */
+            memset(lr, 0, sizeof(float) * (size_t)n);
+            continue;
+        }
+        float mnew = mb > m[r] ? mb : m[r];
+        if (mnew > m[r]) {
+            float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - mnew);
+            l[r] *= alpha;
+            float *ar = acc + (size_t)r * d;
+            for (int i = 0; i < d; i++) ar[i] *= alpha;
+            m[r] = mnew;
+        }
+        l[r] += exp_shift_sum(lr, n, mnew);
+    }
+    pv->method->accum(pv, logits, ld, nr, vp, bt, 0, n, acc, mscratch);
+}
+
+/* The rows of task `row_chunk` of head h: q (scaled) into qbuf, positions
+ * into qpos. Returns the row count. */
+static int load_rows(const job *jb, int h, int r0, int nr, float *qbuf, int32_t *qpos, int32_t *qpos_max) {
+    const vq_cache *c = jb->c;
+    const vq_attend_args *a = jb->a;
+    int d = c->cfg.head_dim, Hq = c->cfg.n_heads_q, g = jb->g;
+    int32_t mx = INT32_MIN;
+    for (int r = 0; r < nr; r++) {
+        int row = r0 + r, qi = row / g, j = row % g;
+        const float *src = a->q + ((size_t)qi * Hq + (size_t)h * g + j) * d;
+        for (int i = 0; i < d; i++) qbuf[(size_t)r * d + i] = src[i] * jb->scale;
+        if (a->q_pos) {
+            qpos[r] = a->q_pos[qi];
+            mx = qpos[r] > mx ? qpos[r] : mx;
+        }
+    }
+    *qpos_max = mx;
+    return nr;
+}
+
+static void stream_range(const job *jb, const vq_stream *s, int b0, int b1, bool window, int nr,
+                         const float *qbuf, const int32_t *qpos, int32_t qpos_max, float *m, float *l,
+                         float *acc, float *logits, float *mscratch) {
+    const vq_cache *c = jb->c;
+    int bt = c->block_tokens;
+    for (int b = b0; b < b1; b++) {
+        int64_t t0 = (int64_t)b * bt;
+        int n = (int)(s->n_quant - t0 < bt ? s->n_quant - t0 : bt);
+        uint8_t *blk = s->blocks[b];
+        run_span(jb, nr, qbuf, qpos, qpos_max, blk, blk + c->k_bytes, bt, vq_block_pos(c, blk), n, m, l,
+                 acc, logits, mscratch, false);
+    }
+    if (window && s->win_n)
+        run_span(jb, nr, qbuf, qpos, qpos_max, (const uint8_t *)s->win_k, (const uint8_t *)s->win_v,
+                 c->win_cap, s->win_pos, s->win_n, m, l, acc, logits, mscratch, true);
+}
+
+static void write_row(const job *jb, int h, int row, const float *acc, float l) {
+    const vq_cache *c = jb->c;
+    const vq_attend_args *a = jb->a;
+    int d = c->cfg.head_dim, Hq = c->cfg.n_heads_q, g = jb->g;
+    int qi = row / g, j = row % g;
+    size_t off = ((size_t)qi * Hq + (size_t)h * g + j) * d;
+    float inv = l > 0 ? 1.0f / l : 0.0f;
+    if (a->out_dtype == VQ_F32) {
+        float *o = (float *)a->out + off;
+        for (int i = 0; i < d; i++) o[i] = acc[i] * inv;
+    } else {
+        uint16_t *o = (uint16_t *)a->out + off;
+        for (int i = 0; i < d; i++) o[i] = vq_f32_to_f16(acc[i] * inv);
+    }
+}
+
+static void task_fn(void *ctx, int task, int thread) {
+    const job *jb = ctx;
+    const vq_cache *c = jb->c;
+    int d = c->cfg.head_dim;
+    int h = task / jb->tasks_per_head, sub = task % jb->tasks_per_head;
+    const vq_stream *s = &c->streams[(size_t)jb->layer * c->cfg.n_heads_kv + h];
+    float *mem = jb->thread_mem + (size_t)thread * jb->thread_floats;
+    int maxr = jb->split ? jb->rows_total : ROW_CHUNK;
+    float *qbuf = mem, *acc = qbuf + (size_t)maxr * d, *m = acc + (size_t)maxr * d, *l = m + maxr;
+    float *logits = l + maxr, *mscratch = logits + (size_t)maxr * jb->logit_ld;
+    int32_t qpos[ROW_CHUNK];
+    int32_t qpos_max;
+    int r0 = jb->split ? 0 : sub * ROW_CHUNK;
+    int nr = jb->split ? jb->rows_total : (jb->rows_total - r0 < ROW_CHUNK ? jb->rows_total - r0 : ROW_CHUNK);
+    load_rows(jb, h, r0, nr, qbuf, qpos, &qpos_max);
+    const int32_t *qp = jb->a->q_pos ? qpos : NULL;
+    for (int r = 0; r < nr; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)nr * d);
+    if (jb->split) {
+        int b0 = sub * jb->part_blocks, b1 = b0 + jb->part_blocks;
+        if (b1 > s->n_blocks) b1 = s->n_blocks;
+        bool window = sub == jb->n_parts - 1;
+        if (b0 < b1 || window)
+            stream_range(jb, s, b0 < b1 ? b0 : 0, b0 < b1 ? b1 : 0, window, nr, qbuf, qp, qpos_max, m, l, acc,
+                         logits, mscratch);
+        float *part = jb->partials + ((size_t)h * jb->n_parts + sub) * nr * (d + 2);
+        for (int r = 0; r < nr; r++) {
+            float *pr = part + (size_t)r * (d + 2);
+            pr[0] = m[r];
+            pr[1] = l[r];
+            memcpy(pr + 2, acc + (size_t)r * d, sizeof(float) * d);
+        }
+        return;
+    }
+    stream_range(jb, s, 0, s->n_blocks, true, nr, qbuf, qp, qpos_max, m, l, acc, logits, mscratch);
+    for (int r = 0; r < nr; r++) write_row(jb, h, r0 + r, acc + (size_t)r * d, l[r]);
+}
+
+/* Merges the partitions of head h, in partition order. */
+static void merge_fn(void *ctx, int h, int thread) {
+    const job *jb = ctx;
+    int d = jb->c->cfg.head_dim, nr = jb->rows_total;
+    float *acc = jb->thread_mem + (size_t)thread * jb->thread_floats;
+    for (int r = 0; r < nr; r++) {
+        float M = -INFINITY;
+        for (int p = 0; p < jb->n_parts; p++) {
+            float mp = jb->partials[(((size_t)h * jb->n_parts + p) * nr + r) * (d + 2)];
+            M = mp > M ? mp : M;
+        }
+        float L = 0;
+        memset(acc, 0, sizeof(float) * d);
+        if (M != -INFINITY) {
+            for (int p = 0; p < jb->n_parts; p++) {
+                const float *pr = jb->partials + (((size_t)h * jb->n_parts + p) * nr + r) * (d + 2);
+                if (pr[0] == -INFINITY) continue;
+                float w = expf(pr[0] - M);
+                L += pr[1] * w;
+                for (int i = 0; i < d; i++) acc[i] += pr[2 + i] * w;
+            }
+        }
+        write_row(jb, h, r, acc, L);
+    }
+}
+
+static vq_status ensure_scratch(vq_cache *c, size_t floats) {
+    if (c->attend_scratch_floats >= floats) return VQ_OK;
+    float *p = vq_aligned_alloc(floats * sizeof(float));
+    if (!p) return vq_fail(VQ_ERR_NOMEM, "out of memory for %zu bytes of attention scratch", floats * sizeof(float));
+    vq_aligned_free(c->attend_scratch);
+    c->attend_scratch = p;
+    c->attend_scratch_floats = floats;
+    return VQ_OK;
+}
+
+vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
+    if (!c || !a) return vq_fail(VQ_ERR_ARG, "vq_attend: cache or args is NULL");
+    if (layer < 0 || layer >= c->cfg.n_layers)
+        return vq_fail(VQ_ERR_ARG, "layer %d is out of range [0, %d)", layer, c->cfg.n_layers);
+    if (a->n_q < 1 || a->n_q > (1 << 20))
+        return vq_fail(VQ_ERR_ARG, "n_q=%d is out of range [1, 2^20]", a->n_q);
+    if (!a->q || !a->out) return vq_fail(VQ_ERR_ARG, "vq_attend: q or out is NULL");
+    if (a->out_dtype != VQ_F32 && a->out_dtype != VQ_F16)
+        return vq_fail(VQ_ERR_ARG, "out_dtype %d is not VQ_F32 or VQ_F16", (int)a->out_dtype);
+    if (!(a->scale >= 0) || isinf(a->scale))
+        return vq_fail(VQ_ERR_ARG, "scale %g is out of range (finite and >= 0; 0 = 1/sqrt(head_dim))", (double)a->scale);
+    int d = c->cfg.head_dim, H = c->cfg.n_heads_kv;
+    job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.c = c;
+    jb.layer = layer;
+    jb.a = a;
+    jb.g = c->cfg.n_heads_q / H;
+    jb.rows_total = a->n_q * jb.g;
+    jb.scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)d);
+    jb.split = jb.rows_total <= ROW_CHUNK;
+    int max_blocks = 0;
+    for (int h = 0; h < H; h++) {
+        int nb = c->streams[(size_t)layer * H + h].n_blocks;
+        max_blocks = nb > max_blocks ? nb : max_blocks;
+    }
+    jb.part_blocks = PART_TOKENS / c->block_tokens > 0 ? PART_TOKENS / c->block_tokens : 1;
+    if (jb.split) {
+        jb.n_parts = (max_blocks + jb.part_blocks - 1) / jb.part_blocks;
+        if (jb.n_parts == 0) jb.n_parts = 1; /* the window alone */
+        jb.tasks_per_head = jb.n_parts;
+    } else {
+        jb.n_row_chunks = (jb.rows_total + ROW_CHUNK - 1) / ROW_CHUNK;
+        jb.tasks_per_head = jb.n_row_chunks;
+    }
+    int maxr = jb.split ? jb.rows_total : ROW_CHUNK;
+    jb.logit_ld = c->block_tokens > c->win_cap ? c->block_tokens : c->win_cap;
+    jb.logit_ld = (jb.logit_ld + 15) & ~15;
+    size_t mk = c->spec.k.method->scratch_floats(&c->spec.k, maxr);
+    size_t mv = c->spec.v.method->scratch_floats(&c->spec.v, maxr);
+    jb.method_floats = mk > mv ? mk : mv;
+    jb.thread_floats = (size_t)maxr * d * 2 + (size_t)maxr * 2 + (size_t)maxr * jb.logit_ld + jb.method_floats;
+    jb.thread_floats = (jb.thread_floats + 15) & ~(size_t)15;
+    int threads = vq_pool_threads(a->pool);
+    size_t partial_floats = jb.split ? (size_t)H * jb.n_parts * jb.rows_total * (d + 2) : 0;
+    vq_status st = ensure_scratch(c, jb.thread_floats * threads + partial_floats);
+    if (st) return st;
+    jb.thread_mem = c->attend_scratch;
+    jb.partials = c->attend_scratch + jb.thread_floats * threads;
+    vq_pool_run(a->pool, H * jb.tasks_per_head, task_fn, &jb);
+    if (jb.split) vq_pool_run(a->pool, H, merge_fn, &jb);
+    return VQ_OK;
+}

@@ -1,0 +1,54 @@
+/* Runtime CPU feature detection and the process-wide kernel level. */
+#include "vq_internal.h"
+
+#include <stdatomic.h>
+
+static atomic_int level_in_use = -1; /* -1: not chosen yet */
+
+vq_cpu_level vq_cpu_detect(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl");
+    if (avx512) return VQ_CPU_AVX512;
+    if (avx2) return VQ_CPU_AVX2;
+#endif
+    return VQ_CPU_SCALAR;
+}
+
+const char *vq_cpu_level_name(vq_cpu_level l) {
+    switch (l) {
+    case VQ_CPU_AUTO: return "auto";
+    case VQ_CPU_SCALAR: return "scalar";
+    case VQ_CPU_AVX2: return "avx2";
+    case VQ_CPU_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+vq_status vq_cpu_set_level(vq_cpu_level l) {
+    vq_cpu_level have = vq_cpu_detect();
+    if (l == VQ_CPU_AUTO) l = have;
+    if (l < VQ_CPU_SCALAR || l > VQ_CPU_AVX512)
+        return vq_fail(VQ_ERR_ARG, "cpu level %d is out of range (auto, scalar, avx2, avx512)",
+                       (int)l);
+    if (l > have)
+        return vq_fail(VQ_ERR_UNSUPPORTED, "cpu level '%s' is not supported by this CPU (best: '%s')",
+                       vq_cpu_level_name(l), vq_cpu_level_name(have));
+    atomic_store(&level_in_use, (int)l);
+    return VQ_OK;
+}
+
+vq_cpu_level vq_cpu_level_in_use(void) {
+    int l = atomic_load(&level_in_use);
+    if (l < 0) {
+        l = (int)vq_cpu_detect();
+        atomic_store(&level_in_use, l);
+    }
+    return (vq_cpu_level)l;
+}
+
+/* The AVX-512 level has no kernels of its own yet: it runs the AVX2 ones. */
+bool vq_cpu_has_avx2(void) { return vq_cpu_level_in_use() >= VQ_CPU_AVX2; }

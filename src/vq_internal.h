@@ -1,0 +1,151 @@
+/* Internal declarations shared by the library's layers. Not installed. */
+#ifndef VQ_INTERNAL_H
+#define VQ_INTERNAL_H
+
+#include "veloxquant.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- core */
+
+/* Records a formatted message as this thread's last error; returns s. */
+vq_status vq_fail(vq_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* ---------------------------------------------------------------- methods */
+
+/* Parameters of one method instance (the parsed "METHOD:key=value,..."). A
+ * method reads only the fields it declares; the rest stay 0. */
+typedef struct {
+    const struct vq_method *method;
+    bool is_value;   /* encoding values (true) or keys (false) */
+    int head_dim;
+    int bits;        /* kivi */
+    int group;       /* kivi */
+    int residual;    /* tokens kept in the fp16 window (KIVI's R) */
+} vq_mparams;
+
+/*
+ * Scratch handed to the score/accum kernels, sized by the method's
+ * scratch_floats() and owned by the attention call (one per task).
+ */
+
+/*
+ * The method contract. A block holds block_tokens consecutive tokens of one
+ * (layer, kv head); encode/decode/score/accum see only the method's payload
+ * inside it. Token offsets t0 and counts n are multiples of token_group()
+ * for encode; score and accum take any sub-range.
+ *
+ * Attention owns softmax, masking, GQA and threads. A method sees "rows":
+ * the rows query vectors (q heads of one GQA group, times query tokens) that
+ * share each read of the block.
+ */
+typedef struct vq_method {
+    const char *name;
+    /* Applies one "key=value" option; unknown keys are an error. */
+    vq_status (*set_option)(vq_mparams *p, const char *key, const char *value);
+    /* Fills defaults and checks the combination (head_dim, is_value). */
+    vq_status (*finish)(vq_mparams *p);
+    /* Writes the canonical spec ("kivi:bits=2,group=32,residual=128"). */
+    void (*describe)(const vq_mparams *p, char *buf, size_t size);
+    /* Tokens that must be encoded together (KIVI keys: the group). */
+    int (*token_group)(const vq_mparams *p);
+    /* Payload bytes for block_tokens tokens. */
+    size_t (*block_bytes)(const vq_mparams *p, int block_tokens);
+    /* Bits per element including metadata, for reporting. */
+    double (*bits_per_elem)(const vq_mparams *p);
+
+    /* x: n rows of head_dim fp32 (already rounded to fp16 by the cache),
+     * row stride x_stride floats; written at token offset t0 of the block. */
+    void (*encode)(const vq_mparams *p, const float *x, size_t x_stride, int n, uint8_t *blk,
+                   int block_tokens, int t0);
+    /* Reference decode of tokens [t0, t0 + n) to fp32 rows. */
+    void (*decode)(const vq_mparams *p, const uint8_t *blk, int block_tokens, int t0, int n,
+                   float *out);
+
+    /* Floats of per-task scratch score/accum need for `rows` query rows. */
+    size_t (*scratch_floats)(const vq_mparams *p, int rows);
+    /* logits[r * ld + j] = q_r . k_(t0 + j) for r < rows, j < n. q is rows x
+     * head_dim, already multiplied by the softmax scale. */
+    void (*score)(const vq_mparams *p, const float *q, int rows, const uint8_t *blk,
+                  int block_tokens, int t0, int n, float *logits, int ld, float *scratch);
+    /* acc[r * head_dim + d] += sum_j w[r * ld + j] * v_(t0 + j)[d]. */
+    void (*accum)(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
+                  int block_tokens, int t0, int n, float *acc, float *scratch);
+} vq_method;
+
+extern const vq_method vq_method_fp16;
+extern const vq_method vq_method_kivi;
+
+/* Looks a method up by name; NULL if unknown. */
+const vq_method *vq_method_find(const char *name);
+/* Comma-separated list of method names, for error messages. */
+const char *vq_method_names(void);
+
+/* A parsed KV spec: one method instance for keys and one for values. */
+typedef struct {
+    vq_mparams k, v;
+} vq_spec;
+
+vq_status vq_spec_parse(const char *spec, int head_dim, vq_spec *out);
+void vq_spec_describe(const vq_spec *s, char *buf, size_t size);
+
+/* ---------------------------------------------------------------- cache */
+
+/* One (layer, kv head) stream of tokens. */
+typedef struct {
+    uint8_t **blocks;    /* full and partially filled quantized blocks */
+    int n_blocks;        /* blocks in use */
+    int cap_blocks;      /* length of the blocks array */
+    int64_t n_quant;     /* tokens in blocks */
+    /* The fp16 window: the newest tokens, not yet quantized. */
+    uint16_t *win_k, *win_v; /* [win_cap][head_dim] */
+    int32_t *win_pos;        /* [win_cap] */
+    int win_n;
+} vq_stream;
+
+struct vq_cache {
+    vq_cache_config cfg;
+    vq_spec spec;
+    char spec_text[512];
+    int block_tokens;
+    int flush_tokens;      /* tokens moved from the window to blocks at once */
+    int residual;          /* tokens kept in the window after a flush */
+    int win_cap;           /* residual + flush_tokens */
+    size_t k_bytes, v_bytes; /* payload bytes per block */
+    size_t block_bytes;      /* k + v payload + positions, rounded to 64 */
+    vq_stream *streams;    /* [n_layers][n_heads_kv] */
+    int32_t *last_pos;     /* [n_layers], -1 when empty */
+    /* Free blocks kept for reuse after reset/truncate. */
+    uint8_t **free_blocks;
+    int n_free, cap_free;
+    size_t blocks_allocated; /* blocks currently owned (in use + free) */
+    size_t window_bytes;     /* bytes of allocated windows */
+    /* Scratch for append (fp32 rows) and attend (partials); grown on demand
+     * and kept, so the hot path stops allocating after warm-up. */
+    float *append_scratch;
+    size_t append_scratch_floats;
+    float *attend_scratch;
+    size_t attend_scratch_floats;
+};
+
+/* Where in a block the positions live. */
+static inline int32_t *vq_block_pos(const vq_cache *c, uint8_t *blk) {
+    return (int32_t *)(blk + c->k_bytes + c->v_bytes);
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+/* Dispatch level chosen once per process (vq_cpu_level_in_use). */
+bool vq_cpu_has_avx2(void);
+
+/* fp32 helpers with scalar and AVX2 bodies, picked at run time. */
+float vq_dot_f32(const float *a, const float *b, int n);
+void vq_axpy_f32(float a, const float *x, float *y, int n);
+
+#endif

@@ -1,0 +1,159 @@
+/* Fused attention against "decode the cache, then fp64 attention", over
+ * methods, head dims, GQA ratios, sequence lengths, prefill chunks with
+ * causal masks, fp16 output, every kernel level, and thread counts. */
+#include "check.h"
+#include "synth.h"
+#include "veloxquant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Relative L2 distance between out and ref. */
+static double rel_l2(const float *out, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double dlt = (double)out[i] - ref[i];
+        num += dlt * dlt;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Builds a cache of `seq` synthetic tokens (appended in uneven chunks), runs
+ * vq_attend for n_q query rows at the end of the sequence and compares with
+ * the reference over the decoded cache. Returns the relative error. */
+static double run_case(const char *spec, int hq, int hkv, int d, int seq, int n_q, vq_pool *pool,
+                       float *out_keep) {
+    vq_cache_config cfg = {.n_layers = 2, .n_heads_q = hq, .n_heads_kv = hkv, .head_dim = d, .kv_spec = spec};
+    vq_cache *c;
+    if (vq_cache_create(&cfg, &c)) {
+        fprintf(stderr, "create %s: %s\n", spec, vq_last_error());
+        return 1e9;
+    }
+    vq_synth syn = {.n_heads_kv = hkv, .n_heads_q = hq, .head_dim = d, .seed = (uint64_t)(seq * 31 + d + hq)};
+    float *k = malloc(sizeof(float) * (size_t)seq * hkv * d), *v = malloc(sizeof(float) * (size_t)seq * hkv * d);
+    vq_synth_kv(&syn, 0, seq, k, v);
+    /* append in chunks of varying size into layer 1 (layer 0 stays empty) */
+    int t = 0, step = 1;
+    while (t < seq) {
+        int n = seq - t < step ? seq - t : step;
+        vq_status st = vq_cache_append(c, 1, n, k + (size_t)t * hkv * d, v + (size_t)t * hkv * d, VQ_F32, NULL);
+        if (st) fprintf(stderr, "append: %s\n", vq_last_error());
+        t += n;
+        step = step * 3 + 1;
+    }
+    float *q = malloc(sizeof(float) * (size_t)n_q * hq * d);
+    int32_t *qpos = malloc(sizeof(int32_t) * (size_t)n_q);
+    for (int i = 0; i < n_q; i++) {
+        vq_synth_q(&syn, i, q + (size_t)i * hq * d);
+        qpos[i] = seq - n_q + i; /* the last n_q tokens: a prefill chunk's causal pattern */
+    }
+    float *out = malloc(sizeof(float) * (size_t)n_q * hq * d);
+    for (size_t i = 0; i < (size_t)n_q * hq * d; i++) out[i] = NAN; /* poison */
+    vq_attend_args a = {.n_q = n_q, .q = q, .q_pos = n_q > 1 ? qpos : NULL, .out = out, .out_dtype = VQ_F32, .pool = pool};
+    vq_status st = vq_attend(c, 1, &a);
+    if (st) fprintf(stderr, "attend: %s\n", vq_last_error());
+    /* decode and reference */
+    float *dk = malloc(sizeof(float) * (size_t)seq * hkv * d), *dv = malloc(sizeof(float) * (size_t)seq * hkv * d);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)seq);
+    for (int h = 0; h < hkv; h++)
+        vq_cache_decode(c, 1, h, dk + (size_t)h * seq * d, dv + (size_t)h * seq * d, pos);
+    double *ref = malloc(sizeof(double) * (size_t)n_q * hq * d);
+    vq_attend_reference(hq, hkv, d, n_q, q, n_q > 1 ? qpos : NULL, seq, dk, dv, pos, 1.0 / sqrt((double)d), ref);
+    double err = rel_l2(out, ref, (size_t)n_q * hq * d);
+    if (out_keep) memcpy(out_keep, out, sizeof(float) * (size_t)n_q * hq * d);
+    free(k); free(v); free(q); free(qpos); free(out); free(dk); free(dv); free(pos); free(ref);
+    vq_cache_free(c);
+    return err;
+}
+
+int main(void) {
+    const char *specs[] = {"fp16", "kivi:bits=2", "kivi:bits=3,group=64", "kivi:bits=4,group=128,residual=32",
+                           "kivi:bits=8,residual=0", "k=kivi:bits=4;v=kivi:bits=2,group=64", "k=fp16;v=kivi:bits=2"};
+    int n_specs = (int)(sizeof specs / sizeof specs[0]);
+    vq_pool *pool;
+    vq_pool_create(2, &pool);
+    vq_cpu_level best = vq_cpu_detect();
+    for (int lvl = VQ_CPU_SCALAR; lvl <= (best >= VQ_CPU_AVX2 ? VQ_CPU_AVX2 : VQ_CPU_SCALAR); lvl++) {
+        vq_cpu_set_level((vq_cpu_level)lvl);
+        /* sequence lengths around group and block edges */
+        int seqs[] = {1, 31, 32, 33, 129, 5000};
+        for (int si = 0; si < 6; si++)
+            for (int s = 0; s < n_specs; s++) {
+                double e = run_case(specs[s], 8, 2, 128, seqs[si], 1, pool, NULL);
+                CHECK(e < 1e-4, "[%s] %s seq %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs[s], seqs[si], e);
+            }
+        /* head dims and GQA ratios */
+        int dims[] = {64, 128, 256};
+        int ratios[] = {1, 2, 4, 8};
+        for (int di = 0; di < 3; di++)
+            for (int ri = 0; ri < 4; ri++)
+                for (int s = 0; s < 3; s++) {
+                    int hkv = 2, hq = hkv * ratios[ri];
+                    double e = run_case(specs[s], hq, hkv, dims[di], 700, 1, pool, NULL);
+                    CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs[s],
+                          dims[di], ratios[ri], e);
+                }
+        /* prefill chunks: many query rows with a causal mask (row mode) and
+         * a few rows (split mode) */
+        int nqs[] = {3, 40};
+        for (int ni = 0; ni < 2; ni++)
+            for (int s = 0; s < n_specs; s++) {
+                double e = run_case(specs[s], 8, 2, 64, 1000, nqs[ni], pool, NULL);
+                CHECK(e < 1e-4, "[%s] %s prefill n_q %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs[s],
+                      nqs[ni], e);
+            }
+    }
+    vq_cpu_set_level(VQ_CPU_AUTO);
+
+    /* bit-identical results for 1, 2 and 4 threads */
+    for (int s = 0; s < n_specs; s++) {
+        int hq = 8, d = 128, seq = 3000;
+        float *o1 = malloc(sizeof(float) * hq * d), *ox = malloc(sizeof(float) * hq * d);
+        run_case(specs[s], hq, 2, d, seq, 1, NULL, o1);
+        int threads[] = {2, 4};
+        for (int ti = 0; ti < 2; ti++) {
+            vq_pool *p;
+            vq_pool_create(threads[ti], &p);
+            run_case(specs[s], hq, 2, d, seq, 1, p, ox);
+            CHECK(memcmp(o1, ox, sizeof(float) * hq * d) == 0, "%s: %d threads differ from 1 thread", specs[s], threads[ti]);
+            vq_pool_free(p);
+        }
+        free(o1);
+        free(ox);
+    }
+
+    /* fp16 output equals the fp32 output rounded */
+    {
+        vq_cache_config cfg = {.n_layers = 1, .n_heads_q = 4, .n_heads_kv = 1, .head_dim = 64, .kv_spec = "kivi:bits=4"};
+        vq_cache *c;
+        vq_cache_create(&cfg, &c);
+        vq_synth syn = {.n_heads_kv = 1, .n_heads_q = 4, .head_dim = 64, .seed = 5};
+        float k[300 * 64], v[300 * 64], q[4 * 64], o32[4 * 64];
+        uint16_t o16[4 * 64];
+        vq_synth_kv(&syn, 0, 300, k, v);
+        vq_synth_q(&syn, 0, q);
+        vq_cache_append(c, 0, 300, k, v, VQ_F32, NULL);
+        vq_attend_args a = {.n_q = 1, .q = q, .out = o32, .out_dtype = VQ_F32};
+        vq_attend(c, 0, &a);
+        a.out = o16;
+        a.out_dtype = VQ_F16;
+        vq_attend(c, 0, &a);
+        int same = 1;
+        for (int i = 0; i < 4 * 64; i++) same &= o16[i] == vq_f32_to_f16(o32[i]);
+        CHECK(same, "fp16 output is not the rounded fp32 output");
+        /* a query row that sees no key gets zeros */
+        int32_t qp = -5;
+        a.q_pos = &qp;
+        a.out = o32;
+        a.out_dtype = VQ_F32;
+        vq_attend(c, 0, &a);
+        int zeros = 1;
+        for (int i = 0; i < 4 * 64; i++) zeros &= o32[i] == 0.0f;
+        CHECK(zeros, "a row with no visible key is not zero");
+        vq_cache_free(c);
+    }
+    vq_pool_free(pool);
+    return check_done();
+}

@@ -1,0 +1,60 @@
+/* veloxquant: the command-line tool. */
+#include "veloxquant.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int vq_cmd_bench_attn(int argc, char **argv);
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "veloxquant %s - compressed KV cache for transformer language models\n"
+            "\n"
+            "usage:\n"
+            "  veloxquant bench attn [options]   decode attention: a KV spec vs fp16, interleaved\n"
+            "  veloxquant help                   this text\n"
+            "  veloxquant --version              version and CPU kernel level\n"
+            "\n"
+            "bench attn options:\n"
+            "  --kv SPEC        KV spec (default kivi:bits=2), e.g. 'kivi:bits=4,group=32',\n"
+            "                   'k=kivi:bits=4;v=kivi:bits=2', 'fp16'\n"
+            "  --seq N          cached tokens per sequence (default 32768)\n"
+            "  --heads HQ/HKV   query / kv heads (default 32/8)\n"
+            "  --dim D          head dim (default 128)\n"
+            "  --batch B        sequences per step (default 1)\n"
+            "  --threads T      threads (default: all cores)\n"
+            "  --runs R         timed runs per arm (default 15)\n"
+            "  --cpu LEVEL      kernel level: auto, scalar, avx2 (default auto)\n"
+            "  --json           also print one JSON object on the last line\n"
+            "\n"
+            "KV specs: METHOD[:key=value,...] or k=METHOD[:...];v=METHOD[:...]\n"
+            "  fp16                       no compression\n"
+            "  kivi:bits=B,group=G,residual=R\n"
+            "                             KIVI (arXiv 2402.02750): B in {2,3,4,8} (default 2),\n"
+            "                             G in {32,64,128} (default 32), R in [0,4096] fp16\n"
+            "                             tokens (default 128)\n",
+            vq_version());
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("veloxquant %s (cpu: %s)\n", vq_version(), vq_cpu_level_name(vq_cpu_detect()));
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "bench")) {
+        if (argc >= 3 && !strcmp(argv[2], "attn")) return vq_cmd_bench_attn(argc - 3, argv + 3);
+        fprintf(stderr, "veloxquant bench: unknown benchmark '%s' (available: attn)\n", argc >= 3 ? argv[2] : "");
+        return 2;
+    }
+    fprintf(stderr, "veloxquant: unknown command '%s' (try 'veloxquant help')\n", cmd);
+    return 2;
+}
