@@ -114,7 +114,8 @@ typedef struct {
     int head_dim;        /* 8..1024, a multiple of 8 (a method may ask for more) */
     const char *kv_spec; /* NULL means "fp16" */
     int64_t capacity;    /* max tokens per (layer, head); 0 = unlimited */
-    int block_tokens;    /* tokens per storage block; 0 = default (128) */
+    int block_tokens;    /* tokens per storage block; 0 = default (64, or the
+                            spec's token group if larger) */
 } vq_cache_config;
 
 typedef struct vq_cache vq_cache;

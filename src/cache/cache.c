@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULT_BLOCK_TOKENS 128
+#define DEFAULT_BLOCK_TOKENS 64 /* small enough that a part-filled last block wastes little */
 
 static size_t round64(size_t x) { return (x + 63) & ~(size_t)63; }
 
@@ -246,11 +246,14 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
     size_t new_blocks = 0;
     for (int h = 0; h < H; h++) {
         vq_stream *s = stream_at(c, layer, h);
-        int64_t total = s->n_quant + s->win_n + n_tokens;
+        /* the window flushes flush_tokens each time it reaches win_cap */
+        int64_t w = (int64_t)s->win_n + n_tokens, flushes = 0;
+        if (w >= c->win_cap) flushes = (w - c->win_cap) / c->flush_tokens + 1;
+        int64_t quant_after = s->n_quant + flushes * c->flush_tokens;
         st = window_alloc(c, s);
-        if (!st) st = stream_reserve(c, s, total);
+        if (!st) st = stream_reserve(c, s, quant_after);
         if (st) return st;
-        new_blocks += (size_t)((total + c->block_tokens - 1) / c->block_tokens - s->n_blocks);
+        new_blocks += (size_t)((quant_after + c->block_tokens - 1) / c->block_tokens - s->n_blocks);
     }
     size_t missing = (size_t)c->n_free < new_blocks ? new_blocks - (size_t)c->n_free : 0;
     st = reserve_free_list(c, c->blocks_allocated + missing);

@@ -35,33 +35,33 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
 bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *acc, float *scratch);
 
-static vq_status parse_int(const char *key, const char *value, long lo, long hi, int *out) {
+/* Parses an integer option; `allowed` describes the valid values for the
+ * message, and lo..hi bounds them. */
+static vq_status parse_int(const char *key, const char *value, long lo, long hi, const char *allowed, int *out) {
     char *end = NULL;
     long x = strtol(value, &end, 10);
     if (end == value || *end != 0)
-        return vq_fail(VQ_ERR_ARG, "kivi: %s='%s' is not an integer (allowed %ld..%ld)", key, value, lo, hi);
+        return vq_fail(VQ_ERR_ARG, "kivi: %s='%s' is not an integer (allowed %s)", key, value, allowed);
     if (x < lo || x > hi)
-        return vq_fail(VQ_ERR_ARG, "kivi: %s=%ld is out of range (allowed %ld..%ld)", key, x, lo, hi);
+        return vq_fail(VQ_ERR_ARG, "kivi: %s=%ld is out of range (allowed %s)", key, x, allowed);
     *out = (int)x;
     return VQ_OK;
 }
 
 static vq_status kivi_set_option(vq_mparams *p, const char *key, const char *value) {
     if (strcmp(key, "bits") == 0) {
-        vq_status st = parse_int(key, value, 1, 64, &p->bits);
-        if (st) return st;
-        if (p->bits != 2 && p->bits != 3 && p->bits != 4 && p->bits != 8)
-            return vq_fail(VQ_ERR_ARG, "kivi: bits=%d is not supported (allowed 2, 3, 4, 8)", p->bits);
-        return VQ_OK;
+        vq_status st = parse_int(key, value, 2, 8, "2, 3, 4, 8", &p->bits);
+        if (!st && p->bits != 2 && p->bits != 3 && p->bits != 4 && p->bits != 8)
+            st = vq_fail(VQ_ERR_ARG, "kivi: bits=%d is not supported (allowed 2, 3, 4, 8)", p->bits);
+        return st;
     }
     if (strcmp(key, "group") == 0) {
-        vq_status st = parse_int(key, value, 1, 1 << 20, &p->group);
-        if (st) return st;
-        if (p->group != 32 && p->group != 64 && p->group != 128)
-            return vq_fail(VQ_ERR_ARG, "kivi: group=%d is not supported (allowed 32, 64, 128)", p->group);
-        return VQ_OK;
+        vq_status st = parse_int(key, value, 32, 128, "32, 64, 128", &p->group);
+        if (!st && p->group != 32 && p->group != 64 && p->group != 128)
+            st = vq_fail(VQ_ERR_ARG, "kivi: group=%d is not supported (allowed 32, 64, 128)", p->group);
+        return st;
     }
-    if (strcmp(key, "residual") == 0) return parse_int(key, value, 0, 4096, &p->residual);
+    if (strcmp(key, "residual") == 0) return parse_int(key, value, 0, 4096, "0..4096", &p->residual);
     return vq_fail(VQ_ERR_ARG, "kivi: unknown option '%s' (options: bits, group, residual)", key);
 }
 
