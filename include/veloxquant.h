@@ -185,6 +185,44 @@ void vq_attend_reference(int n_heads_q, int n_heads_kv, int head_dim, int n_q, c
                          const int32_t *q_pos, int n_k, const float *k, const float *v,
                          const int32_t *kpos, double scale, double *out);
 
+/* ------------------------------------------------------------ tokenizer */
+
+/*
+ * A byte-level BPE tokenizer read from a Hugging Face tokenizer.json (the
+ * kind GPT-2, Llama 3 and Qwen2 use): vocab and merges, added/special tokens
+ * matched literally first, then the pre-tokenizer's Split regexes and
+ * ByteLevel mapping, then merges by rank. Ids match Hugging Face tokenizers'
+ * encode(text, add_special_tokens=False). The post-processor is not applied:
+ * the caller adds BOS (see vq_tokenizer_encode). A tokenizer is read-only
+ * after loading and may be used by several threads at once.
+ */
+typedef struct vq_tokenizer vq_tokenizer;
+
+vq_status vq_tokenizer_load(const char *path, vq_tokenizer **out);
+void vq_tokenizer_free(vq_tokenizer *t);
+/* One more than the largest id (ids below it may be unused). */
+int32_t vq_tokenizer_vocab_size(const vq_tokenizer *t);
+/* The id of a token by its text in tokenizer.json (an added token's content,
+ * or a vocab entry in its byte-level spelling); -1 if there is none. */
+int32_t vq_tokenizer_find(const vq_tokenizer *t, const char *token);
+/* 1 for added tokens marked special, 0 otherwise (also for unused ids). */
+int vq_tokenizer_is_special(const vq_tokenizer *t, int32_t id);
+/*
+ * Encodes len bytes of UTF-8 text. bos_id >= 0 is put first; -1 adds none.
+ * Writes at most cap ids and sets *n_ids; len + 1 ids always suffice.
+ * Invalid UTF-8 is an error naming the byte offset.
+ */
+vq_status vq_tokenizer_encode(const vq_tokenizer *t, const char *text, size_t len, int32_t bos_id,
+                              int32_t *ids, size_t cap, size_t *n_ids);
+/* The bytes one token stands for (not NUL-terminated, and not always whole
+ * UTF-8 characters: a character may span tokens); NULL for an unused id. */
+const char *vq_tokenizer_piece(const vq_tokenizer *t, int32_t id, size_t *len);
+/* Concatenates the pieces of ids (skipping special tokens when skip_special)
+ * into out. *len is set to the bytes needed even when cap is too small, which
+ * is an error. An id that is out of range or unused is an error. */
+vq_status vq_tokenizer_decode(const vq_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
+                              char *out, size_t cap, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif
