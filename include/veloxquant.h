@@ -147,6 +147,9 @@ void vq_cache_reset(vq_cache *c);
  * truncated down to a group boundary of the quantized part, or anywhere in
  * the fp16 window; other counts are an error naming the allowed values. */
 vq_status vq_cache_truncate(vq_cache *c, int64_t n_tokens);
+/* The absolute position of the newest token of a layer; -1 when empty. The
+ * next token's position is this + 1, whatever was evicted or truncated. */
+int32_t vq_cache_last_pos(const vq_cache *c, int layer);
 /* The spec as parsed, with every default filled in, e.g.
  * "k=kivi:bits=2,group=32,residual=128;v=kivi:bits=2,group=32,residual=128". */
 const char *vq_cache_spec(const vq_cache *c);
@@ -205,6 +208,10 @@ int32_t vq_tokenizer_vocab_size(const vq_tokenizer *t);
 /* The id of a token by its text in tokenizer.json (an added token's content,
  * or a vocab entry in its byte-level spelling); -1 if there is none. */
 int32_t vq_tokenizer_find(const vq_tokenizer *t, const char *token);
+/* The token tokenizer.json's post-processor puts before a text (a
+ * TemplateProcessing that starts with a special token, as Llama 3's does), or
+ * -1 when it adds none. Pass it as bos_id to encode as transformers does. */
+int32_t vq_tokenizer_bos(const vq_tokenizer *t);
 /* 1 for added tokens marked special, 0 otherwise (also for unused ids). */
 int vq_tokenizer_is_special(const vq_tokenizer *t, int32_t id);
 /*
@@ -222,6 +229,48 @@ const char *vq_tokenizer_piece(const vq_tokenizer *t, int32_t id, size_t *len);
  * is an error. An id that is out of range or unused is an error. */
 vq_status vq_tokenizer_decode(const vq_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
                               char *out, size_t cap, size_t *len);
+
+/* ---------------------------------------------------------------- model */
+
+/*
+ * A Hugging Face model folder (config.json + model.safetensors or sharded
+ * model-*.safetensors with model.safetensors.index.json) for
+ * LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or
+ * Qwen3ForCausalLM. Weights are memory-mapped and used in place (f32, f16 or
+ * bf16); activations are fp32. All attention goes through a vq_cache.
+ */
+typedef struct vq_model vq_model;
+
+typedef struct {
+    const char *arch;          /* "LlamaForCausalLM", ... */
+    int n_layers, hidden_size, intermediate_size;
+    int n_heads, n_kv_heads, head_dim;
+    int vocab_size, max_position_embeddings;
+    int64_t n_params;          /* weights in the checkpoint (tied embeddings once) */
+    vq_dtype dtype;            /* of the projection weights */
+    int32_t bos_token_id;      /* -1 if none */
+    int n_eos;
+    int32_t eos_token_ids[8];
+} vq_model_info;
+
+vq_status vq_model_load(const char *dir, vq_model **out);
+void vq_model_free(vq_model *m);
+const vq_model_info *vq_model_get_info(const vq_model *m);
+/* A cache shaped for the model (all layers) with the given KV spec. */
+vq_status vq_model_cache_create(const vq_model *m, const char *kv_spec, int64_t capacity, vq_cache **out);
+/*
+ * Runs n tokens through the model, appending their K/V to the cache at the
+ * positions that follow the cache's last one, in chunks of at most
+ * `chunk` tokens (0 = 512; 1 = token by token). logits receives
+ * vocab_size floats per row: for every token when all_logits, else only for
+ * the last token. The result does not depend on the pool's thread count.
+ */
+vq_status vq_model_forward(vq_model *m, vq_cache *c, const int32_t *tokens, int n, int chunk,
+                           float *logits, int all_logits, vq_pool *pool);
+
+/* Sampling: temperature 0 = greedy (ties to the lowest id); top_p in (0, 1]. */
+int32_t vq_sample(const float *logits, int vocab, float temperature, float top_p, vq_rng *rng,
+                  float *scratch /* 2 * vocab floats */);
 
 #ifdef __cplusplus
 }

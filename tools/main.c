@@ -5,12 +5,23 @@
 #include <string.h>
 
 int vq_cmd_bench_attn(int argc, char **argv);
+int vq_cmd_generate(int argc, char **argv);
+int vq_cmd_ppl(int argc, char **argv);
+int vq_cmd_info(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
             "veloxquant %s - compressed KV cache for transformer language models\n"
             "\n"
             "usage:\n"
+            "  veloxquant generate -m DIR -p TEXT [-n N] [--kv SPEC] [--temp T] [--top-p P] [--seed S] [--threads T]\n"
+            "                                    generate text on the compressed cache (default -n 128,\n"
+            "                                    --kv fp16, --temp 0.7, --top-p 0.9, --seed 42; --temp 0 = greedy)\n"
+            "  veloxquant ppl -m DIR -f FILE [--ctx N] [--max-tokens N] [--kv SPEC] [--mode prefill|decode]\n"
+            "                 [--ref fp16] [--threads T] [--json]\n"
+            "                                    perplexity over non-overlapping windows of N tokens (default\n"
+            "                                    512); --ref fp16 also reports KL(fp16||spec) and top-1 agreement\n"
+            "  veloxquant info -m DIR [--kv SPEC] architecture, parameters, KV bytes per token\n"
             "  veloxquant bench attn [options]   decode attention: a KV spec vs fp16, interleaved\n"
             "  veloxquant help                   this text\n"
             "  veloxquant --version              version and CPU kernel level\n"
@@ -50,6 +61,9 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    if (!strcmp(cmd, "generate")) return vq_cmd_generate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "ppl")) return vq_cmd_ppl(argc - 2, argv + 2);
+    if (!strcmp(cmd, "info")) return vq_cmd_info(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "attn")) return vq_cmd_bench_attn(argc - 3, argv + 3);
         fprintf(stderr, "veloxquant bench: unknown benchmark '%s' (available: attn)\n", argc >= 3 ? argv[2] : "");

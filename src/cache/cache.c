@@ -379,3 +379,8 @@ vq_status vq_cache_decode(const vq_cache *c, int layer, int kv_head, float *k, f
     if (positions) memcpy(positions + t0, s->win_pos, sizeof(int32_t) * (size_t)s->win_n);
     return VQ_OK;
 }
+
+int32_t vq_cache_last_pos(const vq_cache *c, int layer) {
+    if (!c || layer < 0 || layer >= c->cfg.n_layers) return -1;
+    return c->last_pos[layer];
+}

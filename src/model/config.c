@@ -273,3 +273,36 @@ vq_status vq_config_load(const char *path, vq_model_config *out) {
     free(text);
     return st;
 }
+
+vq_status vq_config_merge_generation(const char *path, vq_model_config *c) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return VQ_OK; /* optional */
+    fclose(f);
+    char *text;
+    size_t len;
+    vq_status st = vq_read_file(path, &text, &len);
+    if (st != VQ_OK) return st;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root) {
+        st = vq_fail(VQ_ERR_FORMAT, "%s: not valid JSON (error near byte %zu)", path, end ? (size_t)(end - text) : (size_t)0);
+        free(text);
+        return st;
+    }
+    free(text);
+    int32_t eos[VQ_MAX_EOS], bos[1];
+    int n_eos = 0, n_bos = 0;
+    st = get_ids(root, path, "eos_token_id", c->vocab_size, eos, VQ_MAX_EOS, &n_eos);
+    if (!st) st = get_ids(root, path, "bos_token_id", c->vocab_size, bos, 1, &n_bos);
+    cJSON_Delete(root);
+    if (st) return st;
+    /* generation_config.json is what transformers' generate() stops on: add
+     * its ids to config.json's */
+    for (int i = 0; i < n_eos; i++) {
+        int known = 0;
+        for (int j = 0; j < c->n_eos; j++) known |= c->eos_token_ids[j] == eos[i];
+        if (!known && c->n_eos < VQ_MAX_EOS) c->eos_token_ids[c->n_eos++] = eos[i];
+    }
+    if (n_bos && c->bos_token_id < 0) c->bos_token_id = bos[0];
+    return VQ_OK;
+}

@@ -106,6 +106,9 @@ typedef struct {
 /* Parses config.json text; name is used in messages (e.g. the path). */
 vq_status vq_config_parse(const char *json, size_t len, const char *name, vq_model_config *out);
 vq_status vq_config_load(const char *path, vq_model_config *out);
+/* Adds the eos ids (and a missing bos) of a generation_config.json to c;
+ * a missing file is fine. */
+vq_status vq_config_merge_generation(const char *path, vq_model_config *c);
 
 /* ------------------------------------------------------------- helpers */
 

@@ -73,6 +73,7 @@ struct vq_tokenizer {
     int n_regex;
     int bytelevel_level;       /* regex index before which ByteLevel prefixes */
     int add_prefix_space;
+    int32_t bos_prepend;       /* what the post-processor puts first, -1 if nothing */
 };
 
 /* ------------------------------------------------------------ small parts */
@@ -320,6 +321,28 @@ static vq_status parse_pipeline(vq_tokenizer *t, const char *path, const cJSON *
     return parse_pre_tokenizer(t, path, pt);
 }
 
+/* The token a TemplateProcessing post-processor puts before a single
+ * sequence (Llama 3's <|begin_of_text|>), looked for also inside a Sequence
+ * of processors. Needs the vocab and added tokens to be read already. */
+static void parse_post_processor(vq_tokenizer *t, const cJSON *pp) {
+    const char *type = str_field(pp, "type");
+    if (!type) return;
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(pp, "processors")) parse_post_processor(t, e);
+        return;
+    }
+    if (strcmp(type, "TemplateProcessing") != 0) return;
+    const cJSON *first = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(pp, "single"), 0);
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(first, "SpecialToken");
+    const char *name = str_field(sp, "id");
+    if (!name) return;
+    const cJSON *entry = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pp, "special_tokens"), name);
+    const cJSON *id = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(entry, "ids"), 0);
+    if (cJSON_IsNumber(id) && id->valueint >= 0 && id->valueint < t->n_ids) t->bos_prepend = id->valueint;
+    else t->bos_prepend = vq_tokenizer_find(t, name);
+}
+
 /* Reads model.vocab, model.merges and added_tokens into t. */
 static vq_status parse_model(vq_tokenizer *t, const char *path, const cJSON *root) {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -513,6 +536,8 @@ vq_status vq_tokenizer_load(const char *path, vq_tokenizer **out) {
     if (!cJSON_IsObject(root)) st = vq_fail(VQ_ERR_FORMAT, "%s: not a JSON object", path);
     if (st == VQ_OK) st = parse_pipeline(t, path, root);
     if (st == VQ_OK) st = parse_model(t, path, root);
+    t->bos_prepend = -1;
+    if (st == VQ_OK) parse_post_processor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
     cJSON_Delete(root);
     if (st != VQ_OK) {
         vq_tokenizer_free(t);
@@ -812,3 +837,5 @@ vq_status vq_tokenizer_decode(const vq_tokenizer *t, const int32_t *ids, size_t 
                        need);
     return VQ_OK;
 }
+
+int32_t vq_tokenizer_bos(const vq_tokenizer *t) { return t ? t->bos_prepend : -1; }

@@ -1,0 +1,98 @@
+/* veloxquant generate: text generation on the compressed cache, streamed. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int vq_cmd_generate(int argc, char **argv) {
+    const char *cmd = "generate", *dir = NULL, *prompt = NULL, *spec = "fp16";
+    int n_new = 128, threads = cli_default_threads(), seed = 42;
+    float temp = 0.7f, top_p = 0.9f;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!v) { fprintf(stderr, "veloxquant generate: option '%s' needs a value (or is unknown)\n", a); return 2; }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "-n")) rc = cli_int(cmd, "-n", v, 0, 1 << 20, &n_new);
+        else if (!strcmp(a, "--kv")) spec = v;
+        else if (!strcmp(a, "--temp")) rc = cli_float(cmd, "--temp", v, 0, 100, &temp);
+        else if (!strcmp(a, "--top-p")) rc = cli_float(cmd, "--top-p", v, 1e-6, 1, &top_p);
+        else if (!strcmp(a, "--seed")) rc = cli_int(cmd, "--seed", v, 0, 2147483647, &seed);
+        else if (!strcmp(a, "--threads")) rc = cli_int(cmd, "--threads", v, 1, 256, &threads);
+        else { fprintf(stderr, "veloxquant generate: unknown option '%s' (try 'veloxquant help')\n", a); return 2; }
+        if (rc) return 2;
+        i++;
+    }
+    if (!prompt) { fprintf(stderr, "veloxquant generate: no prompt: give -p TEXT\n"); return 2; }
+    vq_model *m;
+    vq_tokenizer *tok;
+    if (cli_load_model(cmd, dir, &m, &tok)) return 1;
+    const vq_model_info *info = vq_model_get_info(m);
+    int rc = 1;
+    vq_cache *cache = NULL;
+    vq_pool *pool = NULL;
+    size_t plen = strlen(prompt), n_prompt = 0;
+    int32_t *ids = malloc(sizeof(int32_t) * (plen + 2));
+    float *logits = malloc(sizeof(float) * (size_t)info->vocab_size);
+    float *scratch = malloc(sizeof(float) * 2 * (size_t)info->vocab_size);
+    if (!ids || !logits || !scratch) { fprintf(stderr, "veloxquant generate: out of memory\n"); goto done; }
+    if (vq_tokenizer_encode(tok, prompt, plen, vq_tokenizer_bos(tok), ids, plen + 2, &n_prompt) ||
+        vq_model_cache_create(m, spec, 0, &cache) || vq_pool_create(threads, &pool)) {
+        fprintf(stderr, "veloxquant generate: %s\n", vq_last_error());
+        goto done;
+    }
+    if (n_prompt == 0) { fprintf(stderr, "veloxquant generate: the prompt has no tokens\n"); goto done; }
+    if ((int64_t)n_prompt + n_new > info->max_position_embeddings) {
+        fprintf(stderr, "veloxquant generate: %zu prompt tokens + -n %d pass the model's context length %d\n",
+                n_prompt, n_new, info->max_position_embeddings);
+        goto done;
+    }
+    fwrite(prompt, 1, plen, stdout);
+    fflush(stdout);
+    double t0 = vq_time_now();
+    if (vq_model_forward(m, cache, ids, (int)n_prompt, 0, logits, 0, pool)) {
+        fprintf(stderr, "\nveloxquant generate: %s\n", vq_last_error());
+        goto done;
+    }
+    double t_prompt = vq_time_now() - t0;
+    vq_rng rng;
+    vq_rng_seed(&rng, (uint64_t)seed);
+    int generated = 0;
+    double t1 = vq_time_now();
+    for (; generated < n_new; generated++) {
+        int32_t next = vq_sample(logits, info->vocab_size, temp, top_p, &rng, scratch);
+        int is_eos = 0;
+        for (int e = 0; e < info->n_eos; e++) is_eos |= next == info->eos_token_ids[e];
+        if (is_eos) break;
+        size_t len;
+        const char *piece = vq_tokenizer_piece(tok, next, &len);
+        if (piece && !vq_tokenizer_is_special(tok, next)) {
+            fwrite(piece, 1, len, stdout);
+            fflush(stdout);
+        }
+        if (generated + 1 < n_new && vq_model_forward(m, cache, &next, 1, 0, logits, 0, pool)) {
+            fprintf(stderr, "\nveloxquant generate: %s\n", vq_last_error());
+            goto done;
+        }
+    }
+    double t_gen = vq_time_now() - t1;
+    printf("\n");
+    char b1[32], b2[32];
+    size_t kv = vq_cache_bytes(cache), kv16 = vq_cache_bytes_fp16_equiv(cache);
+    fprintf(stderr, "prompt: %zu tokens, %.1f tokens/s | generation: %d tokens, %.1f tokens/s | %d threads\n",
+            n_prompt, n_prompt / t_prompt, generated, generated > 0 ? generated / t_gen : 0.0, threads);
+    fprintf(stderr, "KV cache (%s): %s allocated, fp16 would take %s: %.2fx smaller\n", vq_cache_spec(cache),
+            cli_bytes((double)kv, b1, sizeof b1), cli_bytes((double)kv16, b2, sizeof b2), kv ? (double)kv16 / kv : 0.0);
+    rc = 0;
+done:
+    free(ids);
+    free(logits);
+    free(scratch);
+    vq_cache_free(cache);
+    vq_pool_free(pool);
+    vq_tokenizer_free(tok);
+    vq_model_free(m);
+    return rc;
+}
