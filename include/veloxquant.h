@@ -191,13 +191,15 @@ void vq_attend_reference(int n_heads_q, int n_heads_kv, int head_dim, int n_q, c
 /* ------------------------------------------------------------ tokenizer */
 
 /*
- * A byte-level BPE tokenizer read from a Hugging Face tokenizer.json (the
- * kind GPT-2, Llama 3 and Qwen2 use): vocab and merges, added/special tokens
- * matched literally first, then the pre-tokenizer's Split regexes and
- * ByteLevel mapping, then merges by rank. Ids match Hugging Face tokenizers'
- * encode(text, add_special_tokens=False). The post-processor is not applied:
- * the caller adds BOS (see vq_tokenizer_encode). A tokenizer is read-only
- * after loading and may be used by several threads at once.
+ * A BPE tokenizer read from a Hugging Face tokenizer.json: byte-level (the
+ * kind GPT-2, Llama 3 and Qwen2 use: the pre-tokenizer's Split regexes and
+ * ByteLevel mapping) or SentencePiece-like (Llama 2, Mistral: spaces as
+ * U+2581 from the Prepend/Replace normalizer or the Metaspace pre-tokenizer,
+ * byte_fallback to <0xXX> tokens, unk). Added/special tokens are matched
+ * literally first, then merges apply by rank. Ids match Hugging Face
+ * tokenizers' encode(text, add_special_tokens=False). The post-processor is
+ * not applied: the caller adds BOS (see vq_tokenizer_encode). A tokenizer is
+ * read-only after loading and may be used by several threads at once.
  */
 typedef struct vq_tokenizer vq_tokenizer;
 
@@ -216,17 +218,24 @@ int32_t vq_tokenizer_bos(const vq_tokenizer *t);
 int vq_tokenizer_is_special(const vq_tokenizer *t, int32_t id);
 /*
  * Encodes len bytes of UTF-8 text. bos_id >= 0 is put first; -1 adds none.
- * Writes at most cap ids and sets *n_ids; len + 1 ids always suffice.
+ * Writes at most cap ids and sets *n_ids; len + 1 ids always suffice for a
+ * byte-level tokenizer, 2 * len + 2 for a SentencePiece-like one (the U+2581
+ * put before each segment between added tokens may be an id of its own).
  * Invalid UTF-8 is an error naming the byte offset.
  */
 vq_status vq_tokenizer_encode(const vq_tokenizer *t, const char *text, size_t len, int32_t bos_id,
                               int32_t *ids, size_t cap, size_t *n_ids);
 /* The bytes one token stands for (not NUL-terminated, and not always whole
- * UTF-8 characters: a character may span tokens); NULL for an unused id. */
+ * UTF-8 characters: a character may span tokens; U+2581 is given as a space
+ * and a <0xXX> token as its byte); NULL for an unused id. */
 const char *vq_tokenizer_piece(const vq_tokenizer *t, int32_t id, size_t *len);
 /* Concatenates the pieces of ids (skipping special tokens when skip_special)
- * into out. *len is set to the bytes needed even when cap is too small, which
- * is an error. An id that is out of range or unused is an error. */
+ * into out, as tokenizer.json's decoder does (for SentencePiece-like ones:
+ * Strip's leading spaces removed, Metaspace's first-token U+2581 dropped;
+ * byte tokens that are not valid UTF-8 stay raw bytes where Hugging Face
+ * gives U+FFFD). *len is set to the bytes needed even when cap is too
+ * small, which is an error. An id that is out of range or unused is an
+ * error. */
 vq_status vq_tokenizer_decode(const vq_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
                               char *out, size_t cap, size_t *len);
 

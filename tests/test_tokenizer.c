@@ -1,6 +1,7 @@
-/* Byte-level BPE: ids identical to Hugging Face tokenizers on the fixture
- * tokenizers (goldens made by tests/fixtures/make_tokenizer_fixtures.py),
- * decode(encode(s)) == s, and clear errors for malformed tokenizer.json.
+/* BPE, byte-level and SentencePiece-like: ids identical to Hugging Face
+ * tokenizers on the fixture tokenizers (goldens made by
+ * tests/fixtures/make_tokenizer_fixtures.py), decode(encode(s)) equal to
+ * Hugging Face's decode, and clear errors for malformed tokenizer.json.
  * Usage: test_tokenizer FIXTURES_DIR */
 #include "check.h"
 #include "veloxquant.h"
@@ -37,7 +38,16 @@ static char *read_line(FILE *f) {
     return s;
 }
 
-/* Golden file: pairs of lines, the text as hex UTF-8 then its ids. */
+static char *from_hex(const char *hex, size_t *len) {
+    *len = strlen(hex) / 2;
+    char *s = malloc(*len + 1);
+    for (size_t i = 0; i < *len; i++) s[i] = (char)(hexval(hex[2 * i]) * 16 + hexval(hex[2 * i + 1]));
+    s[*len] = '\0';
+    return s;
+}
+
+/* Golden file: pairs of lines, the text as hex UTF-8 then its ids, and when
+ * Hugging Face decodes the ids to other text, " | " and that text as hex. */
 static void check_golden(const char *tok_path, const char *golden_path) {
     vq_tokenizer *t = NULL;
     vq_status st = vq_tokenizer_load(tok_path, &t);
@@ -49,10 +59,11 @@ static void check_golden(const char *tok_path, const char *golden_path) {
     char *hex;
     while (f && (hex = read_line(f)) != NULL) {
         char *idline = read_line(f);
-        size_t len = strlen(hex) / 2;
-        char *text = malloc(len + 1);
-        for (size_t i = 0; i < len; i++) text[i] = (char)(hexval(hex[2 * i]) * 16 + hexval(hex[2 * i + 1]));
-        text[len] = '\0';
+        size_t len;
+        char *text = from_hex(hex, &len);
+        char *bar = idline ? strstr(idline, " | ") : NULL;
+        size_t dlen = len;
+        char *decoded = bar ? from_hex(bar + 3, &dlen) : NULL;
         int32_t want[1024];
         size_t n_want = 0;
         for (char *p = idline ? idline : "", *end; *p && n_want < 1024; p = end) {
@@ -61,24 +72,28 @@ static void check_golden(const char *tok_path, const char *golden_path) {
             want[n_want++] = (int32_t)v;
         }
 
-        int32_t *ids = malloc((len + 1) * sizeof *ids);
+        /* the prefix metaspace may take an id of its own: 2 * len + 2 */
+        size_t cap = 2 * len + 2;
+        int32_t *ids = malloc(cap * sizeof *ids);
         size_t n = 0;
-        st = vq_tokenizer_encode(t, text, len, -1, ids, len + 1, &n);
+        st = vq_tokenizer_encode(t, text, len, -1, ids, cap, &n);
         CHECK(st == VQ_OK, "encode '%s': %s", text, vq_last_error());
         size_t diff = 0;
         while (diff < n && diff < n_want && ids[diff] == want[diff]) diff++;
         CHECK(n == n_want && diff == n, "%s: '%s': %zu ids, golden %zu, first difference at %zu", tok_path, text, n,
               n_want, diff);
 
-        char *back = malloc(len + 1);
+        const char *expect = decoded ? decoded : text;
+        char *back = malloc(dlen + 1);
         size_t blen = 0;
-        st = vq_tokenizer_decode(t, ids, n, 0, back, len, &blen);
-        CHECK(st == VQ_OK && blen == len && memcmp(back, text, len) == 0, "decode(encode('%s')) differs", text);
+        st = vq_tokenizer_decode(t, ids, n, 0, back, dlen, &blen);
+        CHECK(st == VQ_OK && blen == dlen && memcmp(back, expect, dlen) == 0, "%s: decode(encode('%s')) is '%.*s'",
+              tok_path, text, (int)blen, back);
 
         /* BOS goes first when asked for, the rest unchanged. */
-        int32_t *ids2 = malloc((len + 2) * sizeof *ids2);
+        int32_t *ids2 = malloc((cap + 1) * sizeof *ids2);
         size_t n2 = 0;
-        st = vq_tokenizer_encode(t, text, len, 0, ids2, len + 2, &n2);
+        st = vq_tokenizer_encode(t, text, len, 0, ids2, cap + 1, &n2);
         CHECK(st == VQ_OK && n2 == n + 1 && ids2[0] == 0 && memcmp(ids2 + 1, ids, n * sizeof *ids) == 0,
               "encode with bos of '%s'", text);
 
@@ -86,6 +101,7 @@ static void check_golden(const char *tok_path, const char *golden_path) {
         free(back);
         free(ids);
         free(text);
+        free(decoded);
         free(hex);
         free(idline);
         cases++;
@@ -156,6 +172,41 @@ static void check_api(const char *tok_path) {
     vq_tokenizer_free(t);
 }
 
+/* The Llama 2 style fixture: <s> from the post-processor, byte tokens,
+ * metaspaces as spaces, and the leading space the decoder strips. */
+static void check_sp_api(const char *tok_path) {
+    vq_tokenizer *t = NULL;
+    vq_status st = vq_tokenizer_load(tok_path, &t);
+    CHECK(st == VQ_OK, "load %s: %s", tok_path, vq_last_error());
+    if (st != VQ_OK) return;
+    int32_t bos = vq_tokenizer_find(t, "<s>");
+    CHECK(bos == 1 && vq_tokenizer_bos(t) == bos && vq_tokenizer_is_special(t, bos), "bos %d", bos);
+    size_t plen = 0;
+    const char *piece = vq_tokenizer_piece(t, vq_tokenizer_find(t, "<0x0A>"), &plen);
+    CHECK(piece && plen == 1 && piece[0] == '\n', "a byte token's piece");
+    piece = vq_tokenizer_piece(t, vq_tokenizer_find(t, "\xe2\x96\x81"), &plen);
+    CHECK(piece && plen == 1 && piece[0] == ' ', "the metaspace's piece");
+
+    /* "<s>" ends a segment, and the next one gets its own metaspace */
+    const char *text = "hi<s>hi";
+    int32_t ids[32];
+    size_t n = 0;
+    st = vq_tokenizer_encode(t, text, strlen(text), bos, ids, 32, &n);
+    CHECK(st == VQ_OK && n >= 4 && ids[0] == bos, "encode with bos: %s", vq_last_error());
+    size_t half = (n - 2) / 2;
+    CHECK(n == 2 + 2 * half && ids[1 + half] == bos && memcmp(ids + 1, ids + 2 + half, half * sizeof *ids) == 0,
+          "both halves alike");
+    char out[32];
+    size_t len = 0;
+    st = vq_tokenizer_decode(t, ids, n, 1, out, sizeof out, &len);
+    CHECK(st == VQ_OK && len == 5 && memcmp(out, "hi hi", 5) == 0, "skip_special decode: '%.*s'", (int)len, out);
+    st = vq_tokenizer_decode(t, ids, n, 0, out, sizeof out, &len);
+    CHECK(st == VQ_OK && len == 12 && memcmp(out, "<s> hi<s> hi", 12) == 0, "decode: '%.*s'", (int)len, out);
+    st = vq_tokenizer_decode(t, ids, n, 0, out, 2, &len);
+    CHECK(st == VQ_ERR_ARG && len == 12, "small decode buffer: %zu", len);
+    vq_tokenizer_free(t);
+}
+
 /* Writes text to tmpdir/name and returns the path (static buffer). */
 static const char *write_tmp(const char *name, const char *text) {
     static char path[256];
@@ -168,7 +219,8 @@ static const char *write_tmp(const char *name, const char *text) {
     return path;
 }
 
-#define PRE_OK "\"normalizer\":null,\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"use_regex\":false}"
+#define PRE_OK_NODEC "\"normalizer\":null,\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"use_regex\":false}"
+#define PRE_OK PRE_OK_NODEC ",\"decoder\":{\"type\":\"ByteLevel\"}"
 #define VOCAB_OK "\"vocab\":{\"a\":0,\"b\":1,\"ab\":2}"
 
 static void expect_load_error(const char *json, const char *needle1, const char *needle2) {
@@ -183,6 +235,47 @@ static void expect_load_error(const char *json, const char *needle1, const char 
     unlink(path);
 }
 
+#define SP_PIPE                                                                                                    \
+    "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\xe2\x96\x81\"},"         \
+    "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xe2\x96\x81\"}]},\"pre_tokenizer\":null,"       \
+    "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":\"\xe2\x96\x81\"},"   \
+    "\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\",\"content\":\" \",\"start\":1,"  \
+    "\"stop\":0}]}"
+#define SP_VOCAB "\"vocab\":{\"<unk>\":0,\"\xe2\x96\x81\":1,\"a\":2,\"\xe2\x96\x81\x61\":3,\"<0x78>\":4}"
+
+/* Characters without a token: unk, fused or not, dropped without unk, and
+ * byte fallback where the byte tokens exist (ids as Hugging Face gives). */
+static void check_unk(void) {
+    static const struct {
+        const char *opts;
+        size_t n;
+        int32_t ids[6];
+    } cases[] = {
+        {"\"unk_token\":\"<unk>\",\"fuse_unk\":true", 4, {3, 1, 0, 3}},
+        {"\"unk_token\":\"<unk>\",\"fuse_unk\":false", 6, {3, 1, 0, 0, 0, 3}},
+        {"\"unk_token\":null,\"fuse_unk\":true", 3, {3, 1, 3}},
+        {"\"unk_token\":\"<unk>\",\"fuse_unk\":true,\"byte_fallback\":true", 5, {3, 1, 4, 0, 3}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char json[1024];
+        snprintf(json, sizeof json, "{" SP_PIPE ",\"model\":{\"type\":\"BPE\",%s," SP_VOCAB ",\"merges\":[\"\xe2\x96\x81 a\"]}}",
+                 cases[c].opts);
+        const char *path = write_tmp("tokenizer.json", json);
+        vq_tokenizer *t = NULL;
+        vq_status st = vq_tokenizer_load(path, &t);
+        CHECK(st == VQ_OK, "unk case %zu: %s", c, vq_last_error());
+        if (st == VQ_OK) {
+            int32_t ids[16];
+            size_t n = 0;
+            st = vq_tokenizer_encode(t, "a xyz a", 7, -1, ids, 16, &n);
+            CHECK(st == VQ_OK && n == cases[c].n && memcmp(ids, cases[c].ids, n * sizeof *ids) == 0,
+                  "unk case %zu: %zu ids", c, n);
+            vq_tokenizer_free(t);
+        }
+        unlink(path);
+    }
+}
+
 static void check_errors(void) {
     vq_tokenizer *t = NULL;
     CHECK(vq_tokenizer_load("/nonexistent/tokenizer.json", &t) == VQ_ERR_IO, "missing file");
@@ -191,8 +284,9 @@ static void check_errors(void) {
     expect_load_error("{\"model\": [1, 2", "not valid JSON", "tokenizer.json");
     expect_load_error("{" PRE_OK "}", "missing \"model\"", NULL);
     expect_load_error("{" PRE_OK ",\"model\":{\"type\":\"Unigram\"}}", "model type 'Unigram'", "BPE");
-    expect_load_error("{" PRE_OK ",\"model\":{\"type\":\"BPE\",\"byte_fallback\":true," VOCAB_OK ",\"merges\":[]}}",
-                      "byte_fallback", NULL);
+    expect_load_error("{" SP_PIPE ",\"added_tokens\":[{\"id\":5,\"content\":\"x y\",\"normalized\":true}],"
+                      "\"model\":{\"type\":\"BPE\"," SP_VOCAB ",\"merges\":[]}}",
+                      "added token 'x y' with normalized=true", NULL);
     expect_load_error("{" PRE_OK ",\"model\":{\"type\":\"BPE\"," VOCAB_OK ",\"merges\":[\"a c\"]}}",
                       "merge 0 ('a' 'c'): 'c' is not in the vocab", NULL);
     expect_load_error("{" PRE_OK ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[[\"a\",\"b\"]]}}",
@@ -209,9 +303,18 @@ static void check_errors(void) {
     expect_load_error("{\"normalizer\":{\"type\":\"NFKC\"},\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":null,"
                       "\"model\":{}}",
                       "normalizer 'NFKC'", NULL);
-    expect_load_error("{\"normalizer\":null,\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Metaspace\"},"
-                      "\"model\":{}}",
-                      "pre_tokenizer 'Metaspace'", NULL);
+    expect_load_error("{\"normalizer\":null,\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Metaspace\","
+                      "\"replacement\":\"\xe2\x96\x81\"},\"model\":{}}",
+                      "Metaspace pre-tokenizer with split=true", NULL);
+    expect_load_error("{\"normalizer\":null,\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Metaspace\","
+                      "\"replacement\":\"_\",\"split\":false},\"model\":{}}",
+                      "Metaspace replacement '_'", NULL);
+    expect_load_error("{\"normalizer\":null,\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Metaspace\","
+                      "\"replacement\":\"\xe2\x96\x81\",\"split\":false},\"model\":{}}",
+                      "decoder 'ByteLevel' is not supported with a metaspace vocab", NULL);
+    expect_load_error("{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":"
+                      "\"\xe2\x96\x81\"},{\"type\":\"NFKD\"}]},\"decoder\":null,\"pre_tokenizer\":null,\"model\":{}}",
+                      "normalizer 'NFKD' (step 1)", NULL);
     expect_load_error("{\"normalizer\":null,\"decoder\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":{\"type\":\"Sequence\","
                       "\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a\"},\"behavior\":\"Isolated\"},"
                       "{\"type\":\"ByteLevel\",\"use_regex\":false}]},\"model\":{}}",
@@ -220,8 +323,8 @@ static void check_errors(void) {
                       "\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Removed\"},"
                       "{\"type\":\"ByteLevel\",\"use_regex\":false}]},\"model\":{}}",
                       "Split behavior 'Removed'", NULL);
-    expect_load_error("{\"normalizer\":null,\"decoder\":{\"type\":\"Metaspace\"},\"pre_tokenizer\":null,\"model\":{}}",
-                      "decoder 'Metaspace'", NULL);
+    expect_load_error("{" PRE_OK_NODEC ",\"decoder\":{\"type\":\"Metaspace\"},\"model\":{}}",
+                      "decoder 'Metaspace' is not supported with a byte-level vocab", NULL);
 
     /* A minimal valid file: plain ByteLevel without regex, one merge. */
     const char *path = write_tmp("tokenizer.json", "{" PRE_OK ",\"model\":{\"type\":\"BPE\"," VOCAB_OK
@@ -251,14 +354,19 @@ int main(int argc, char **argv) {
     char a[1024], b[1024];
     const char *sets[][2] = {{"llama3/tokenizer.json", "llama3/golden.txt"},
                              {"llama3/tokenizer_strmerges.json", "llama3/golden.txt"},
-                             {"gpt2/tokenizer.json", "gpt2/golden.txt"}};
-    for (int i = 0; i < 3; i++) {
+                             {"gpt2/tokenizer.json", "gpt2/golden.txt"},
+                             {"llama2/tokenizer.json", "llama2/golden.txt"},
+                             {"metaspace/tokenizer.json", "metaspace/golden.txt"}};
+    for (int i = 0; i < 5; i++) {
         snprintf(a, sizeof a, "%s/tok/%s", argv[1], sets[i][0]);
         snprintf(b, sizeof b, "%s/tok/%s", argv[1], sets[i][1]);
         check_golden(a, b);
     }
     snprintf(a, sizeof a, "%s/tok/llama3/tokenizer.json", argv[1]);
     check_api(a);
+    snprintf(a, sizeof a, "%s/tok/llama2/tokenizer.json", argv[1]);
+    check_sp_api(a);
+    check_unk();
     check_errors();
     rmdir(tmpdir);
     return check_done();

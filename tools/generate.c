@@ -34,11 +34,11 @@ int vq_cmd_generate(int argc, char **argv) {
     vq_cache *cache = NULL;
     vq_pool *pool = NULL;
     size_t plen = strlen(prompt), n_prompt = 0;
-    int32_t *ids = malloc(sizeof(int32_t) * (plen + 2));
+    int32_t *ids = malloc(sizeof(int32_t) * (2 * plen + 2));
     float *logits = malloc(sizeof(float) * (size_t)info->vocab_size);
     float *scratch = malloc(sizeof(float) * 2 * (size_t)info->vocab_size);
     if (!ids || !logits || !scratch) { fprintf(stderr, "veloxquant generate: out of memory\n"); goto done; }
-    if (vq_tokenizer_encode(tok, prompt, plen, vq_tokenizer_bos(tok), ids, plen + 2, &n_prompt) ||
+    if (vq_tokenizer_encode(tok, prompt, plen, vq_tokenizer_bos(tok), ids, 2 * plen + 2, &n_prompt) ||
         vq_model_cache_create(m, spec, 0, &cache) || vq_pool_create(threads, &pool)) {
         fprintf(stderr, "veloxquant generate: %s\n", vq_last_error());
         goto done;

@@ -67,7 +67,7 @@ int vq_cmd_ppl(int argc, char **argv) {
     int V = info->vocab_size, rc = 1;
     int32_t bos = vq_tokenizer_bos(tok);
     size_t n_ids = 0;
-    int32_t *ids = malloc(sizeof(int32_t) * (text_len + 1));
+    int32_t *ids = malloc(sizeof(int32_t) * (2 * text_len + 2));
     vq_cache *cs = NULL, *cr = NULL;
     vq_pool *pool = NULL;
     /* logits for a piece of the window at a time, bounded to ~256 MiB */
@@ -77,7 +77,7 @@ int vq_cmd_ppl(int argc, char **argv) {
     double *ls = malloc(sizeof(double) * V), *lq = malloc(sizeof(double) * V);
     int32_t *input = malloc(sizeof(int32_t) * (size_t)ctx);
     if (!ids || !lg || (ref && !lr) || !ls || !lq || !input) { fprintf(stderr, "veloxquant ppl: out of memory\n"); goto done; }
-    if (vq_tokenizer_encode(tok, text, text_len, -1, ids, text_len + 1, &n_ids) || vq_pool_create(threads, &pool) ||
+    if (vq_tokenizer_encode(tok, text, text_len, -1, ids, 2 * text_len + 2, &n_ids) || vq_pool_create(threads, &pool) ||
         vq_model_cache_create(m, spec, 0, &cs) || (ref && vq_model_cache_create(m, "fp16", 0, &cr))) {
         fprintf(stderr, "veloxquant ppl: %s\n", vq_last_error());
         goto done;

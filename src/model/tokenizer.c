@@ -1,17 +1,25 @@
 /*
- * Byte-level BPE, read from a Hugging Face tokenizer.json.
+ * BPE read from a Hugging Face tokenizer.json, in one of two styles:
+ * byte-level (GPT-2, Llama 3, Qwen2) or SentencePiece-like (Llama 2,
+ * Mistral), where spaces are spelled U+2581 ("\u2581", the metaspace) and
+ * merges work on characters.
  *
  * Encoding, in the order Hugging Face tokenizers applies it:
- *   1. added tokens ("<|eot_id|>" ...) are found literally, leftmost-longest,
- *      and become one id each; the text between them is a segment;
- *   2. each segment is cut by the pre-tokenizer: every Split regex in turn
- *      (the matches and the gaps between them are pieces), then ByteLevel
- *      (optionally a prefix space, and with use_regex the GPT-2 pattern);
- *   3. each piece's bytes become one symbol per byte, spelled with the
- *      ByteLevel byte->character table, and adjacent symbols are merged, the
- *      pair of lowest merge rank first (leftmost on ties), until no pair
- *      has a merge.
- * Decoding maps each token's characters back to bytes.
+ *   1. added tokens ("<|eot_id|>", "<s>" ...) are found literally,
+ *      leftmost-longest, and become one id each; the text between them is a
+ *      segment;
+ *   2. byte-level: each segment is cut by the pre-tokenizer: every Split
+ *      regex in turn (the matches and the gaps between them are pieces), then
+ *      ByteLevel (optionally a prefix space, and with use_regex the GPT-2
+ *      pattern); each piece's bytes become one symbol per byte, spelled with
+ *      the ByteLevel byte->character table;
+ *      SentencePiece-like: spaces become metaspaces and a metaspace may be
+ *      put first (the Prepend normalizer on every segment, or the Metaspace
+ *      pre-tokenizer on the first one only); the segment is one piece, and
+ *      each character a symbol, or its <0xXX> byte tokens with byte_fallback;
+ *   3. adjacent symbols are merged, the pair of lowest merge rank first
+ *      (leftmost on ties), until no pair has a merge.
+ * Decoding maps each token back to bytes (and undoes the metaspaces).
  */
 #include "model/model_internal.h"
 
@@ -25,6 +33,12 @@
 /* Ids above this are taken for a corrupt file rather than a big vocab. */
 #define TOK_MAX_ID (1 << 24)
 #define TOK_MAX_REGEX 8
+
+/* U+2581, which SentencePiece-like vocabularies use for a space */
+static const char metaspace[] = "\xe2\x96\x81";
+
+/* When a SentencePiece-like segment gets a metaspace put first. */
+enum { PREPEND_NEVER, PREPEND_ALWAYS, PREPEND_FIRST };
 
 /* What Hugging Face's ByteLevel use_regex=true splits with (GPT-2). */
 static const char gpt2_pattern[] =
@@ -60,6 +74,8 @@ struct vq_tokenizer {
     int32_t n_ids;             /* 1 + the largest id */
     const char **piece;        /* [n_ids] decoded bytes, NULL if unused */
     uint32_t *piece_len;       /* [n_ids] */
+    const char **text;         /* [n_ids] the token as tokenizer.json spells it */
+    uint32_t *text_len;        /* [n_ids] */
     uint8_t *special;          /* [n_ids] */
     added_token *added;        /* sorted by first byte, then longest first */
     int n_added;
@@ -67,13 +83,23 @@ struct vq_tokenizer {
     int32_t byte_id[256];      /* id of each byte's one-character token, -1 if none */
     uint16_t byte_char[256];   /* ByteLevel: byte -> code point */
     int16_t char_byte[512];    /* and back; -1 for code points no byte uses */
+    int32_t fallback_id[256];  /* id of each byte's <0xXX> token, -1 if none */
     int32_t unk_id;            /* -1 when there is no unk token */
+    int byte_fallback;         /* a character without a token becomes <0xXX> tokens */
+    int fuse_unk;              /* consecutive unknown characters become one unk */
     int ignore_merges;         /* a piece that is a vocab entry is taken whole */
     pcre2_code *regex[TOK_MAX_REGEX]; /* the pre-tokenizer's splits, in order */
     int n_regex;
     int bytelevel_level;       /* regex index before which ByteLevel prefixes */
     int add_prefix_space;
     int32_t bos_prepend;       /* what the post-processor puts first, -1 if nothing */
+    int sp;                    /* SentencePiece-like rather than byte-level */
+    int sp_normalizer;         /* the metaspaces come from the normalizer */
+    int sp_prepend;            /* PREPEND_* */
+    int sp_prepend_unless_meta;/* Metaspace: not before a segment that starts with one */
+    int dec_bytes;             /* the decoder turns <0xXX> tokens into their byte */
+    int dec_first_meta;        /* Metaspace decoder: drops the first token's metaspaces */
+    int dec_strip;             /* Strip decoder: leading spaces taken off the text */
 };
 
 /* ------------------------------------------------------------ small parts */
@@ -207,6 +233,41 @@ static size_t token_bytes(const int16_t *char_byte, const char *s, size_t n, cha
     return o;
 }
 
+/* The byte b of a <0xXX> token, as the ByteFallback decoder reads it. */
+static bool byte_token(const char *s, size_t n, int *b) {
+    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return false;
+    int v = 0;
+    for (int i = 3; i < 5; i++) {
+        char c = s[i];
+        if (c >= '0' && c <= '9') v = v * 16 + c - '0';
+        else if (c >= 'a' && c <= 'f') v = v * 16 + c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') v = v * 16 + c - 'A' + 10;
+        else return false;
+    }
+    *b = v;
+    return true;
+}
+
+/* The bytes a SentencePiece-like token stands for: a byte token its byte,
+ * anything else its text with metaspaces as spaces. Writes at most n bytes. */
+static size_t sp_token_bytes(const char *s, size_t n, char *out) {
+    int b;
+    if (byte_token(s, n, &b)) {
+        out[0] = (char)b;
+        return 1;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        if (n - i >= 3 && memcmp(s + i, metaspace, 3) == 0) {
+            out[o++] = ' ';
+            i += 3;
+        } else {
+            out[o++] = s[i++];
+        }
+    }
+    return o;
+}
+
 void vq_tokenizer_free(vq_tokenizer *t) {
     if (!t) return;
     for (int i = 0; i < t->n_regex; i++) pcre2_code_free(t->regex[i]);
@@ -215,6 +276,8 @@ void vq_tokenizer_free(vq_tokenizer *t) {
     free(t->merges);
     free(t->piece);
     free(t->piece_len);
+    free(t->text);
+    free(t->text_len);
     free(t->special);
     free(t->added);
     free(t);
@@ -279,7 +342,8 @@ static vq_status parse_pre_tokenizer(vq_tokenizer *t, const char *path, const cJ
     if (type && strcmp(type, "ByteLevel") == 0) return parse_bytelevel(t, path, pt);
     if (!type || strcmp(type, "Sequence") != 0)
         return vq_fail(VQ_ERR_UNSUPPORTED,
-                       "%s: pre_tokenizer '%s' is not supported (supported: ByteLevel, or a Sequence of Split then ByteLevel)",
+                       "%s: pre_tokenizer '%s' is not supported (supported: ByteLevel, a Sequence of Split then "
+                       "ByteLevel, Metaspace, or none with a metaspace normalizer)",
                        path, type ? type : "null");
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(pt, "pretokenizers");
     if (!cJSON_IsArray(list)) return vq_fail(VQ_ERR_FORMAT, "%s: Sequence pre_tokenizer without \"pretokenizers\"", path);
@@ -300,25 +364,136 @@ static vq_status parse_pre_tokenizer(vq_tokenizer *t, const char *path, const cJ
     return VQ_OK;
 }
 
-/* Checks the parts of tokenizer.json around the model. */
+static bool is_type(const char *type, const char *want) { return type && strcmp(type, want) == 0; }
+
+/* A Replace normalizer or decoder step: from -> to with a String pattern. */
+static bool is_replace(const cJSON *o, const char *from, const char *to) {
+    const char *pat = str_field(cJSON_GetObjectItemCaseSensitive(o, "pattern"), "String");
+    const char *content = str_field(o, "content");
+    return pat && content && strcmp(pat, from) == 0 && strcmp(content, to) == 0;
+}
+
+/* Llama 2: Sequence[Prepend("\u2581"), Replace(" " -> "\u2581")] (or the
+ * Replace alone, which puts no metaspace first). */
+static vq_status parse_sp_normalizer(vq_tokenizer *t, const char *path, const cJSON *norm) {
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(norm, "normalizers");
+    const cJSON *first = is_type(str_field(norm, "type"), "Sequence") ? (list ? list->child : NULL) : norm;
+    bool replace = false;
+    int i = 0;
+    for (const cJSON *e = first; e; e = e == norm ? NULL : e->next, i++) {
+        const char *type = str_field(e, "type");
+        const char *pre = str_field(e, "prepend");
+        if (is_type(type, "Prepend") && pre && strcmp(pre, metaspace) == 0) t->sp_prepend = PREPEND_ALWAYS;
+        else if (is_type(type, "Replace") && is_replace(e, " ", metaspace)) replace = true;
+        else
+            return vq_fail(VQ_ERR_UNSUPPORTED,
+                           "%s: normalizer '%s' (step %d) is not supported (supported: none, NFC, or Prepend(\"%s\") "
+                           "then Replace(\" \" -> \"%s\") as Llama 2 has)",
+                           path, type ? type : "(no type)", i, metaspace, metaspace);
+    }
+    if (!replace)
+        return vq_fail(VQ_ERR_UNSUPPORTED, "%s: a normalizer without Replace(\" \" -> \"%s\") is not supported", path,
+                       metaspace);
+    t->sp_normalizer = 1;
+    return VQ_OK;
+}
+
+/* Metaspace, as pre-tokenizer or decoder: sets *prepend from prepend_scheme
+ * (or the older add_prefix_space). */
+static vq_status parse_metaspace(const char *path, const cJSON *ms, int *prepend) {
+    const char *rep = str_field(ms, "replacement");
+    if (!rep || strcmp(rep, metaspace) != 0)
+        return vq_fail(VQ_ERR_UNSUPPORTED, "%s: Metaspace replacement '%s' is not supported (supported: \"%s\")", path,
+                       rep ? rep : "(missing)", metaspace);
+    const char *scheme = str_field(ms, "prepend_scheme");
+    if (!scheme) *prepend = flag(ms, "add_prefix_space") ? PREPEND_ALWAYS : PREPEND_NEVER;
+    else if (strcmp(scheme, "first") == 0) *prepend = PREPEND_FIRST;
+    else if (strcmp(scheme, "always") == 0) *prepend = PREPEND_ALWAYS;
+    else if (strcmp(scheme, "never") == 0) *prepend = PREPEND_NEVER;
+    else return vq_fail(VQ_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme '%s' is not supported", path, scheme);
+    return VQ_OK;
+}
+
+/* Llama 2's decoder Sequence[Replace("\u2581" -> " "), ByteFallback, Fuse,
+ * Strip(" ", start, 0)] (Strip optional), or Metaspace. */
+static vq_status parse_sp_decoder(vq_tokenizer *t, const char *path, const cJSON *dec) {
+    const char *type = str_field(dec, "type");
+    if (is_type(type, "Metaspace")) {
+        int prepend;
+        vq_status st = parse_metaspace(path, dec, &prepend);
+        t->dec_first_meta = prepend != PREPEND_NEVER;
+        return st;
+    }
+    static const char *const steps[] = {"Replace", "ByteFallback", "Fuse", "Strip"};
+    int i = 0;
+    const cJSON *e = NULL;
+    if (is_type(type, "Sequence")) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(dec, "decoders");
+        for (e = list ? list->child : NULL; e; e = e->next, i++) {
+            const char *et = str_field(e, "type");
+            const char *content = str_field(e, "content");
+            const cJSON *start = cJSON_GetObjectItemCaseSensitive(e, "start");
+            const cJSON *stop = cJSON_GetObjectItemCaseSensitive(e, "stop");
+            if (i == 4 || !is_type(et, steps[i])) break;
+            if (i == 0 && !is_replace(e, metaspace, " ")) break;
+            if (i == 3) {
+                /* Strip after Fuse sees the whole text as one token. */
+                if (!content || strcmp(content, " ") != 0 || !cJSON_IsNumber(start) || start->valueint < 0 ||
+                    !cJSON_IsNumber(stop) || stop->valueint != 0)
+                    break;
+                t->dec_strip = start->valueint;
+            }
+        }
+    }
+    if (e || i < 3)
+        return vq_fail(VQ_ERR_UNSUPPORTED,
+                       "%s: decoder '%s'%s is not supported with a metaspace vocab (supported: Metaspace, or a Sequence "
+                       "of Replace(\"%s\" -> \" \"), ByteFallback, Fuse and optionally Strip(\" \", start, 0))",
+                       path, type ? type : "null", e ? " (a step of it)" : "", metaspace);
+    t->dec_bytes = 1;
+    return VQ_OK;
+}
+
+/* Checks the parts of tokenizer.json around the model and picks the style:
+ * SentencePiece-like when the Metaspace pre-tokenizer or a metaspace
+ * normalizer (with no pre-tokenizer) is there, byte-level otherwise. */
 static vq_status parse_pipeline(vq_tokenizer *t, const char *path, const cJSON *root) {
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    if (norm && !cJSON_IsNull(norm)) {
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    const char *ntype = str_field(norm, "type"), *ptype = str_field(pt, "type");
+    bool no_norm = !norm || cJSON_IsNull(norm), no_pt = !pt || cJSON_IsNull(pt);
+    t->bytelevel_level = -1;
+    vq_status st;
+    if (is_type(ptype, "Metaspace")) {
+        t->sp = 1;
+        if (!no_norm)
+            return vq_fail(VQ_ERR_UNSUPPORTED, "%s: normalizer '%s' with the Metaspace pre-tokenizer is not supported",
+                           path, ntype ? ntype : "(no type)");
+        /* Hugging Face splits when "split" is missing */
+        const cJSON *split = cJSON_GetObjectItemCaseSensitive(pt, "split");
+        if (!cJSON_IsFalse(split))
+            return vq_fail(VQ_ERR_UNSUPPORTED, "%s: Metaspace pre-tokenizer with split=true is not supported", path);
+        st = parse_metaspace(path, pt, &t->sp_prepend);
+        t->sp_prepend_unless_meta = 1;
+    } else if (no_pt && !no_norm && !is_type(ntype, "NFC")) {
+        t->sp = 1;
+        st = parse_sp_normalizer(t, path, norm);
+    } else {
         /* Qwen2 declares NFC. Text is taken to be NFC already (nearly all
          * text is); decomposed input would tokenize differently. */
-        const char *type = str_field(norm, "type");
-        if (!type || strcmp(type, "NFC") != 0)
+        if (!no_norm && !is_type(ntype, "NFC"))
             return vq_fail(VQ_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (supported: none, NFC)", path,
-                           type ? type : "(no type)");
+                           ntype ? ntype : "(no type)");
+        st = parse_pre_tokenizer(t, path, pt);
     }
-    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+    if (st != VQ_OK) return st;
+    if (t->sp) return parse_sp_decoder(t, path, dec);
     const char *dtype = str_field(dec, "type");
-    if (!dtype || strcmp(dtype, "ByteLevel") != 0)
-        return vq_fail(VQ_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported (supported: ByteLevel)", path,
-                       dtype ? dtype : "null");
-    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    t->bytelevel_level = -1;
-    return parse_pre_tokenizer(t, path, pt);
+    if (!is_type(dtype, "ByteLevel"))
+        return vq_fail(VQ_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported with a byte-level vocab (supported: ByteLevel)",
+                       path, dtype ? dtype : "null");
+    return VQ_OK;
 }
 
 /* The token a TemplateProcessing post-processor puts before a single
@@ -350,9 +525,8 @@ static vq_status parse_model(vq_tokenizer *t, const char *path, const cJSON *roo
     if (!cJSON_IsObject(model)) return vq_fail(VQ_ERR_FORMAT, "%s: missing \"model\" object", path);
     if (type && strcmp(type, "BPE") != 0)
         return vq_fail(VQ_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (supported: BPE)", path, type);
-    if (flag(model, "byte_fallback"))
-        return vq_fail(VQ_ERR_UNSUPPORTED, "%s: BPE with byte_fallback (SentencePiece style) is not supported", path);
-    if (flag(model, "fuse_unk")) return vq_fail(VQ_ERR_UNSUPPORTED, "%s: BPE with fuse_unk is not supported", path);
+    t->byte_fallback = flag(model, "byte_fallback");
+    t->fuse_unk = flag(model, "fuse_unk");
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (dropout && !cJSON_IsNull(dropout))
         return vq_fail(VQ_ERR_UNSUPPORTED, "%s: BPE dropout is not supported (it is for training)", path);
@@ -395,6 +569,13 @@ static vq_status parse_model(vq_tokenizer *t, const char *path, const cJSON *roo
         if (flag(e, "single_word") || flag(e, "lstrip") || flag(e, "rstrip"))
             return vq_fail(VQ_ERR_UNSUPPORTED, "%s: added token '%s': single_word, lstrip and rstrip are not supported",
                            path, content);
+        /* Such a token is looked for in the normalized text, after the
+         * metaspace normalizer has changed it. */
+        const cJSON *nz = cJSON_GetObjectItemCaseSensitive(e, "normalized");
+        if (t->sp_normalizer && (nz ? cJSON_IsTrue(nz) : !flag(e, "special")))
+            return vq_fail(VQ_ERR_UNSUPPORTED,
+                           "%s: added token '%s' with normalized=true is not supported with a metaspace normalizer",
+                           path, content);
         if (id->valueint > max_id) max_id = id->valueint;
         n_added++;
         bytes += 2 * (strlen(content) + 1);
@@ -411,9 +592,12 @@ static vq_status parse_model(vq_tokenizer *t, const char *path, const cJSON *roo
     t->merges = malloc(t->merges_cap * sizeof *t->merges);
     t->piece = calloc((size_t)t->n_ids, sizeof *t->piece);
     t->piece_len = calloc((size_t)t->n_ids, sizeof *t->piece_len);
+    t->text = calloc((size_t)t->n_ids, sizeof *t->text);
+    t->text_len = calloc((size_t)t->n_ids, sizeof *t->text_len);
     t->special = calloc((size_t)t->n_ids, 1);
     t->added = calloc(n_added ? n_added : 1, sizeof *t->added);
-    if (!t->arena || !t->vocab || !t->merges || !t->piece || !t->piece_len || !t->special || !t->added)
+    if (!t->arena || !t->vocab || !t->merges || !t->piece || !t->piece_len || !t->text || !t->text_len ||
+        !t->special || !t->added)
         return vq_fail(VQ_ERR_NOMEM, "%s: out of memory for %zu tokens", path, n_vocab);
     for (size_t i = 0; i < t->merges_cap; i++) t->merges[i].rank = -1;
 
@@ -429,9 +613,11 @@ static vq_status parse_model(vq_tokenizer *t, const char *path, const cJSON *roo
         else if (t->piece[id])
             st = vq_fail(VQ_ERR_FORMAT, "%s: vocab entries '%s' and another both have id %d", path, e->string, id);
         else {
-            size_t pn = token_bytes(t->char_byte, key, n, scratch);
+            size_t pn = t->sp ? sp_token_bytes(key, n, scratch) : token_bytes(t->char_byte, key, n, scratch);
             t->piece[id] = arena_add(t, scratch, pn);
             t->piece_len[id] = (uint32_t)pn;
+            t->text[id] = key;
+            t->text_len[id] = (uint32_t)n;
         }
     }
     /* Added tokens: an id may also be in the vocab; decoding then uses the
@@ -446,9 +632,11 @@ static vq_status parse_model(vq_tokenizer *t, const char *path, const cJSON *roo
         a->id = id;
         a->special = flag(e, "special");
         t->special[id] = (uint8_t)a->special;
-        size_t pn = token_bytes(t->char_byte, content, n, scratch);
+        size_t pn = t->sp ? sp_token_bytes(content, n, scratch) : token_bytes(t->char_byte, content, n, scratch);
         t->piece[id] = arena_add(t, scratch, pn);
         t->piece_len[id] = (uint32_t)pn;
+        t->text[id] = a->text;
+        t->text_len[id] = (uint32_t)n;
     }
     free(scratch);
     if (st != VQ_OK) return st;
@@ -551,8 +739,10 @@ vq_status vq_tokenizer_load(const char *path, vq_tokenizer **out) {
         t->added_start[b] = k;
     }
     for (int b = 0; b < 256; b++) {
-        char s[2];
-        t->byte_id[b] = vocab_get(t, s, put_char(s, t->byte_char[b]));
+        char s[8];
+        t->byte_id[b] = t->sp ? -1 : vocab_get(t, s, put_char(s, t->byte_char[b]));
+        snprintf(s, sizeof s, "<0x%02X>", b);
+        t->fallback_id[b] = t->byte_fallback ? vocab_get(t, s, 6) : -1;
     }
     *out = t;
     return VQ_OK;
@@ -579,8 +769,8 @@ typedef struct {
 
 static vq_status emit(encoder *e, int32_t id) {
     if (e->n == e->cap)
-        return vq_fail(VQ_ERR_ARG, "vq_tokenizer_encode: the id buffer of %zu is too small (len + 1 always suffices)",
-                       e->cap);
+        return vq_fail(VQ_ERR_ARG,
+                       "vq_tokenizer_encode: the id buffer of %zu is too small (2 * len + 2 always suffices)", e->cap);
     e->ids[e->n++] = id;
     return VQ_OK;
 }
@@ -643,24 +833,56 @@ static vq_status encode_piece(encoder *e, const uint8_t *s, size_t n) {
         }
     }
     if (t->ignore_merges) {
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++) k += put_char(e->spelled + k, t->byte_char[s[i]]);
-        int32_t id = vocab_get(t, e->spelled, k);
+        size_t k = n;
+        const char *word = (const char *)s;
+        if (!t->sp) {
+            k = 0;
+            for (size_t i = 0; i < n; i++) k += put_char(e->spelled + k, t->byte_char[s[i]]);
+            word = e->spelled;
+        }
+        int32_t id = vocab_get(t, word, k);
         if (id >= 0) return emit(e, id);
     }
-    /* One symbol per byte; a byte without a token becomes unk, or is
-     * dropped when there is no unk (as Hugging Face does). */
+    /* One symbol per character (byte-level: per byte). A character without
+     * a token becomes its <0xXX> tokens when byte_fallback has them all,
+     * else unk (a run of them one unk with fuse_unk), else it is dropped.
+     * As in Hugging Face, a pending unk is put out only before the next
+     * character that has a token or at the end, so byte tokens can come
+     * before it. There are never more symbols than bytes. */
     int32_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = t->byte_id[s[i]];
-        if (id < 0) id = t->unk_id;
-        if (id < 0) continue;
-        e->sym[m] = id;
-        e->prev[m] = m - 1;
-        e->next[m] = m + 1;
-        m++;
+    bool unk_pending = false;
+    for (size_t i = 0; i < n;) {
+        size_t k = 1;
+        int32_t id;
+        if (t->sp) {
+            uint32_t cp;
+            k = utf8_len(s + i, n - i, &cp); /* valid: checked by the caller */
+            id = vocab_get(t, (const char *)s + i, k);
+        } else {
+            id = t->byte_id[s[i]];
+        }
+        bool fallback = id < 0 && t->byte_fallback;
+        for (size_t j = i; fallback && j < i + k; j++) fallback = t->fallback_id[s[j]] >= 0;
+        if (id >= 0 && unk_pending) {
+            e->sym[m++] = t->unk_id;
+            unk_pending = false;
+        }
+        if (id >= 0) {
+            e->sym[m++] = id;
+        } else if (fallback) {
+            for (size_t j = i; j < i + k; j++) e->sym[m++] = t->fallback_id[s[j]];
+        } else if (t->unk_id >= 0) {
+            if (unk_pending && !t->fuse_unk) e->sym[m++] = t->unk_id;
+            unk_pending = true;
+        }
+        i += k;
     }
+    if (unk_pending) e->sym[m++] = t->unk_id;
     if (m == 0) return VQ_OK;
+    for (int32_t i = 0; i < m; i++) {
+        e->prev[i] = i - 1;
+        e->next[i] = i + 1;
+    }
     e->next[m - 1] = -1;
     size_t hn = 0;
     for (int32_t i = 0; i + 1 < m; i++) push_pair(t, e, &hn, i);
@@ -741,6 +963,41 @@ static vq_status split_piece(encoder *e, const char *s, size_t n, int level) {
     return encode_piece(e, (const uint8_t *)s, n);
 }
 
+/* A SentencePiece-like segment: spaces become metaspaces, one may be put
+ * first, and the result is one piece. first: the segment starts the text. */
+static vq_status sp_segment(encoder *e, const char *s, size_t n, bool first) {
+    const vq_tokenizer *t = e->t;
+    if (n == 0) return VQ_OK;
+    bool prepend = t->sp_prepend == PREPEND_ALWAYS || (t->sp_prepend == PREPEND_FIRST && first);
+    /* The Metaspace pre-tokenizer adds none before a metaspace or a space
+     * (which becomes one); the Prepend normalizer always does. */
+    if (t->sp_prepend_unless_meta && (s[0] == ' ' || (n >= 3 && memcmp(s, metaspace, 3) == 0))) prepend = false;
+    char *buf = malloc(3 * n + 3);
+    if (!buf) return vq_fail(VQ_ERR_NOMEM, "vq_tokenizer_encode: out of memory");
+    size_t m = 0;
+    if (prepend) {
+        memcpy(buf, metaspace, 3);
+        m = 3;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(buf + m, metaspace, 3);
+            m += 3;
+        } else {
+            buf[m++] = s[i];
+        }
+    }
+    vq_status st = encode_piece(e, (const uint8_t *)buf, m);
+    free(buf);
+    return st;
+}
+
+/* The text between added tokens, from byte `from` of the whole text. */
+static vq_status encode_segment(encoder *e, const char *text, size_t from, size_t to) {
+    if (e->t->sp) return sp_segment(e, text + from, to - from, from == 0);
+    return split_piece(e, text + from, to - from, 0);
+}
+
 /* The added token that starts at s, longest first; NULL if none. */
 static const added_token *match_added(const vq_tokenizer *t, const char *s, size_t n) {
     uint8_t b = (uint8_t)s[0];
@@ -779,12 +1036,12 @@ vq_status vq_tokenizer_encode(const vq_tokenizer *t, const char *text, size_t le
             i++;
             continue;
         }
-        st = split_piece(&e, text + seg, i - seg, 0);
+        st = encode_segment(&e, text, seg, i);
         if (st == VQ_OK) st = emit(&e, a->id);
         i += a->len;
         seg = i;
     }
-    if (st == VQ_OK) st = split_piece(&e, text + seg, len - seg, 0);
+    if (st == VQ_OK) st = encode_segment(&e, text, seg, len);
 
     for (int i = 0; i < t->n_regex; i++) pcre2_match_data_free(e.md[i]);
     free(e.sym);
@@ -818,18 +1075,50 @@ const char *vq_tokenizer_piece(const vq_tokenizer *t, int32_t id, size_t *len) {
     return t->piece[id];
 }
 
+/* Appends s to out (as far as cap allows; *need counts all), leaving out the
+ * first *strip spaces of the whole text. */
+static void put_text(char *out, size_t cap, size_t *need, const char *s, size_t n, int *strip) {
+    for (size_t i = 0; i < n; i++) {
+        if (*strip > 0 && *need == 0 && s[i] == ' ') {
+            (*strip)--;
+            continue;
+        }
+        *strip = 0;
+        if (*need < cap) out[*need] = s[i];
+        (*need)++;
+    }
+}
+
 vq_status vq_tokenizer_decode(const vq_tokenizer *t, const int32_t *ids, size_t n, int skip_special, char *out,
                               size_t cap, size_t *len) {
     size_t need = 0;
+    int strip = t->dec_strip;
+    bool first = true;
     *len = 0;
     for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= t->n_ids || !t->piece[ids[i]])
-            return vq_fail(VQ_ERR_ARG, "vq_tokenizer_decode: id %d at index %zu is not a token (ids are [0, %d))",
-                           ids[i], i, t->n_ids);
-        if (skip_special && t->special[ids[i]]) continue;
-        size_t k = t->piece_len[ids[i]];
-        if (need + k <= cap) memcpy(out + need, t->piece[ids[i]], k);
-        need += k;
+        int32_t id = ids[i];
+        if (id < 0 || id >= t->n_ids || !t->piece[id])
+            return vq_fail(VQ_ERR_ARG, "vq_tokenizer_decode: id %d at index %zu is not a token (ids are [0, %d))", id,
+                           i, t->n_ids);
+        if (skip_special && t->special[id]) continue;
+        const char *s = t->text[id];
+        size_t k = t->text_len[id];
+        int b;
+        if (t->sp && first && t->dec_first_meta) {
+            /* The Metaspace decoder drops every metaspace of the first token
+             * (the one put first, it assumes) and spells the rest as spaces. */
+            for (size_t j = 0; j < k;) {
+                size_t c = k - j >= 3 && memcmp(s + j, metaspace, 3) == 0 ? 3 : 1;
+                if (c == 1) put_text(out, cap, &need, s + j, 1, &strip);
+                j += c;
+            }
+        } else if (t->sp && !t->dec_bytes && byte_token(s, k, &b)) {
+            /* without ByteFallback in the decoder, "<0xE2>" stays text */
+            put_text(out, cap, &need, s, k, &strip);
+        } else {
+            put_text(out, cap, &need, t->piece[id], t->piece_len[id], &strip);
+        }
+        first = false;
     }
     *len = need;
     if (need > cap)
