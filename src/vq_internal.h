@@ -68,6 +68,19 @@ typedef struct vq_method {
     void (*decode)(const vq_mparams *p, const uint8_t *blk, int block_tokens, int t0, int n,
                    float *out);
 
+    /* Optional (NULL when unused), keys: the query rows as the method scores
+     * them (rotated, projected, ...), computed once per attention call. When
+     * set, score() receives these prep_floats(p)-wide rows instead of q. The
+     * q rows are already multiplied by the softmax scale. */
+    size_t (*prep_floats)(const vq_mparams *p);
+    void (*prep_query)(const vq_mparams *p, const float *q, int rows, float *prep);
+    /* Optional (NULL when unused), values: accum() adds into the method's own
+     * domain (e.g. rotated); finish_rows turns `rows` summed rows of
+     * head_dim floats into output space in place (e.g. the inverse rotation).
+     * It must be linear: attention applies it once per output row, after
+     * summing every block, and adds the fp16 window's part afterwards. */
+    void (*finish_rows)(const vq_mparams *p, float *acc, int rows);
+
     /* Floats of per-task scratch score/accum need for `rows` query rows. */
     size_t (*scratch_floats)(const vq_mparams *p, int rows);
     /* logits[r * ld + j] = q_r . k_(t0 + j) for r < rows, j < n. q is rows x
