@@ -34,6 +34,7 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
                         int block_tokens, int t0, int n, float *logits, int ld, float *scratch);
 bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *acc, float *scratch);
+size_t vq_kivi_scratch_avx2(const vq_mparams *p);
 
 /* Parses an integer option; `allowed` describes the valid values for the
  * message, and lo..hi bounds them. */
@@ -187,10 +188,15 @@ static void kivi_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0,
 }
 
 static size_t kivi_scratch(const vq_mparams *p, int rows) {
-    /* keys: per row q' (d) and the zero term (1); values: per row the zero
-     * accumulators (groups) and a row of unpacked codes */
-    if (p->is_value) return (size_t)rows * (size_t)value_groups(p) + (size_t)p->head_dim + 16;
-    return (size_t)rows * ((size_t)p->head_dim + 1) + (size_t)p->head_dim + 16;
+    /* scalar code: keys need per row q' (d) and the zero term (1); values
+     * per row the zero accumulators (groups) */
+    size_t d = (size_t)p->head_dim, ng = (size_t)value_groups(p);
+    size_t scalar = p->is_value ? (size_t)rows * ng + d + 16 : (size_t)rows * (d + 1) + d + 16;
+#if defined(__x86_64__)
+    size_t avx2 = vq_kivi_scratch_avx2(p); /* the AVX2 kernels' tables */
+    if (avx2 > scalar) scalar = avx2;
+#endif
+    return scalar;
 }
 
 static void kivi_score(const vq_mparams *p, const float *q, int rows, const uint8_t *blk, int bt,

@@ -1,81 +1,157 @@
-/* AVX2 + F16C kernels for fp16 K/V rows. d is a multiple of 16. */
+/* AVX2 + F16C kernels for fp16 K/V rows. d is a multiple of 16.
+ *
+ * Decode attention with GQA has 4 (or 8) query rows per kv head, so every
+ * converted K/V vector is used by 4 rows at once. The 4-row bodies are
+ * written out by hand: with a runtime row count the compiler keeps the
+ * accumulators in a stack array (a load and a store per FMA), which made the
+ * kernels 2-3x slower than the memory bandwidth allows. Leftover rows (1..3)
+ * go through the 1-row bodies, one row at a time. */
 #include "vq_internal.h"
 
 #include <immintrin.h>
 
-/* Sums each of 8 vectors horizontally: returns {sum(a[0]), ..., sum(a[7])}. */
-static inline __m256 hsum8(const __m256 *a) {
-    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
-    return _mm256_add_ps(lo, hi);
+static inline __m256 load_h8(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* Score of 4 rows against tokens j and j+1 of k: eight accumulators (row x
+ * token) so each q load feeds two FMAs and each converted k vector four. The
+ * eight sums are reduced with one hadd tree to
+ * {r0t0, r0t1, r1t0, r1t1 | r2t0, r2t1, r3t0, r3t1}. */
+static inline __m256 score4x2(const float *q, int d, const uint16_t *k0, const uint16_t *k1) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps();
+    __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps();
+    __m256 a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps();
+    __m256 a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+        __m256 x0 = load_h8(k0 + c), x1 = load_h8(k1 + c);
+        __m256 q0 = _mm256_loadu_ps(q + c), q1 = _mm256_loadu_ps(q + d + c);
+        __m256 q2 = _mm256_loadu_ps(q + 2 * d + c), q3 = _mm256_loadu_ps(q + 3 * d + c);
+        a00 = _mm256_fmadd_ps(q0, x0, a00);
+        a01 = _mm256_fmadd_ps(q0, x1, a01);
+        a10 = _mm256_fmadd_ps(q1, x0, a10);
+        a11 = _mm256_fmadd_ps(q1, x1, a11);
+        a20 = _mm256_fmadd_ps(q2, x0, a20);
+        a21 = _mm256_fmadd_ps(q2, x1, a21);
+        a30 = _mm256_fmadd_ps(q3, x0, a30);
+        a31 = _mm256_fmadd_ps(q3, x1, a31);
+    }
+    __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(a00, a01), _mm256_hadd_ps(a10, a11));
+    __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(a20, a21), _mm256_hadd_ps(a30, a31));
+    return _mm256_add_ps(_mm256_permute2f128_ps(h01, h23, 0x20), _mm256_permute2f128_ps(h01, h23, 0x31));
+}
+
+static void score4(const float *q, int d, const uint16_t *k, int n, float *logits, int ld) {
+    float *l0 = logits, *l1 = logits + ld, *l2 = logits + 2 * (size_t)ld, *l3 = logits + 3 * (size_t)ld;
+    int j = 0;
+    for (; j + 2 <= n; j += 2) {
+        __m256 s = score4x2(q, d, k + (size_t)j * d, k + (size_t)(j + 1) * d);
+        __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
+        _mm_storel_pi((__m64 *)(l0 + j), lo);
+        _mm_storeh_pi((__m64 *)(l1 + j), lo);
+        _mm_storel_pi((__m64 *)(l2 + j), hi);
+        _mm_storeh_pi((__m64 *)(l3 + j), hi);
+    }
+    if (j < n) { /* odd count: score the last token twice, keep one */
+        const uint16_t *kj = k + (size_t)j * d;
+        float t[8];
+        _mm256_storeu_ps(t, score4x2(q, d, kj, kj));
+        l0[j] = t[0];
+        l1[j] = t[2];
+        l2[j] = t[4];
+        l3[j] = t[6];
+    }
+}
+
+static void score1(const float *q, int d, const uint16_t *k, int n, float *logits) {
+    for (int j = 0; j < n; j++) {
+        const uint16_t *kj = k + (size_t)j * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int c = 0; c < d; c += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), load_h8(kj + c), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c + 8), load_h8(kj + c + 8), a1);
+        }
+        __m256 a = _mm256_add_ps(a0, a1);
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        s = _mm_hadd_ps(s, s);
+        s = _mm_hadd_ps(s, s);
+        logits[j] = _mm_cvtss_f32(s);
+    }
 }
 
 void vq_fp16_score_avx2(const float *q, int rows, int d, const uint16_t *k, int n, float *logits,
                         int ld) {
-    __m256 part[4][8];
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-        int nr = rows - r0 < 4 ? rows - r0 : 4;
-        const float *q0 = q + (size_t)r0 * d;
-        for (int j0 = 0; j0 < n; j0 += 8) {
-            int nj = n - j0 < 8 ? n - j0 : 8;
-            for (int jj = 0; jj < nj; jj++) {
-                const uint16_t *kj = k + (size_t)(j0 + jj) * d;
-                __m256 a[4][2];
-                for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
-                for (int c = 0; c < d; c += 16) {
-                    __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kj + c)));
-                    __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kj + c + 8)));
-                    for (int r = 0; r < nr; r++) {
-                        const float *qr = q0 + (size_t)r * d + c;
-                        a[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(qr), k0, a[r][0]);
-                        a[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8), k1, a[r][1]);
-                    }
-                }
-                for (int r = 0; r < nr; r++) part[r][jj] = _mm256_add_ps(a[r][0], a[r][1]);
-            }
-            for (int r = 0; r < nr; r++) {
-                for (int jj = nj; jj < 8; jj++) part[r][jj] = _mm256_setzero_ps();
-                __m256 s = hsum8(part[r]);
-                float *dst = logits + (size_t)(r0 + r) * ld + j0;
-                if (nj == 8) {
-                    _mm256_storeu_ps(dst, s);
-                } else {
-                    float tmp[8];
-                    _mm256_storeu_ps(tmp, s);
-                    for (int jj = 0; jj < nj; jj++) dst[jj] = tmp[jj];
-                }
-            }
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) score4(q + (size_t)r * d, d, k, n, logits + (size_t)r * ld, ld);
+    for (; r < rows; r++) score1(q + (size_t)r * d, d, k, n, logits + (size_t)r * ld);
+}
+
+/* acc[0..3][c..c+15] += sum_j w[r][j] * v_j[c..c+15] for 4 rows: the 8
+ * accumulators stay in registers over all n tokens; v is re-read per 16
+ * channels, from L1 (a block is at most a few tens of KB). */
+static void accum4(const float *w, int ld, int d, const uint16_t *v, int n, float *acc) {
+    const float *w0 = w, *w1 = w + ld, *w2 = w + 2 * (size_t)ld, *w3 = w + 3 * (size_t)ld;
+    float *c0 = acc, *c1 = acc + d, *c2 = acc + 2 * (size_t)d, *c3 = acc + 3 * (size_t)d;
+    for (int c = 0; c < d; c += 16) {
+        __m256 a00 = _mm256_loadu_ps(c0 + c), a01 = _mm256_loadu_ps(c0 + c + 8);
+        __m256 a10 = _mm256_loadu_ps(c1 + c), a11 = _mm256_loadu_ps(c1 + c + 8);
+        __m256 a20 = _mm256_loadu_ps(c2 + c), a21 = _mm256_loadu_ps(c2 + c + 8);
+        __m256 a30 = _mm256_loadu_ps(c3 + c), a31 = _mm256_loadu_ps(c3 + c + 8);
+        for (int j = 0; j < n; j++) {
+            const uint16_t *vj = v + (size_t)j * d + c;
+            __m256 x0 = load_h8(vj), x1 = load_h8(vj + 8);
+            __m256 b0 = _mm256_broadcast_ss(w0 + j), b1 = _mm256_broadcast_ss(w1 + j);
+            __m256 b2 = _mm256_broadcast_ss(w2 + j), b3 = _mm256_broadcast_ss(w3 + j);
+            a00 = _mm256_fmadd_ps(b0, x0, a00);
+            a01 = _mm256_fmadd_ps(b0, x1, a01);
+            a10 = _mm256_fmadd_ps(b1, x0, a10);
+            a11 = _mm256_fmadd_ps(b1, x1, a11);
+            a20 = _mm256_fmadd_ps(b2, x0, a20);
+            a21 = _mm256_fmadd_ps(b2, x1, a21);
+            a30 = _mm256_fmadd_ps(b3, x0, a30);
+            a31 = _mm256_fmadd_ps(b3, x1, a31);
         }
+        _mm256_storeu_ps(c0 + c, a00);
+        _mm256_storeu_ps(c0 + c + 8, a01);
+        _mm256_storeu_ps(c1 + c, a10);
+        _mm256_storeu_ps(c1 + c + 8, a11);
+        _mm256_storeu_ps(c2 + c, a20);
+        _mm256_storeu_ps(c2 + c + 8, a21);
+        _mm256_storeu_ps(c3 + c, a30);
+        _mm256_storeu_ps(c3 + c + 8, a31);
+    }
+}
+
+/* One row: 64 channels per pass (8 accumulators, enough independent FMA
+ * chains to hide the latency), then 16 at a time for the rest. */
+static void accum1(const float *w, int d, const uint16_t *v, int n, float *acc) {
+    int c = 0;
+    for (; c + 64 <= d; c += 64) {
+        __m256 a[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm256_loadu_ps(acc + c + 8 * i);
+        for (int j = 0; j < n; j++) {
+            const uint16_t *vj = v + (size_t)j * d + c;
+            __m256 b = _mm256_broadcast_ss(w + j);
+            for (int i = 0; i < 8; i++) a[i] = _mm256_fmadd_ps(b, load_h8(vj + 8 * i), a[i]);
+        }
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(acc + c + 8 * i, a[i]);
+    }
+    for (; c < d; c += 16) {
+        __m256 a0 = _mm256_loadu_ps(acc + c), a1 = _mm256_loadu_ps(acc + c + 8);
+        for (int j = 0; j < n; j++) {
+            const uint16_t *vj = v + (size_t)j * d + c;
+            __m256 b = _mm256_broadcast_ss(w + j);
+            a0 = _mm256_fmadd_ps(b, load_h8(vj), a0);
+            a1 = _mm256_fmadd_ps(b, load_h8(vj + 8), a1);
+        }
+        _mm256_storeu_ps(acc + c, a0);
+        _mm256_storeu_ps(acc + c + 8, a1);
     }
 }
 
 void vq_fp16_accum_avx2(const float *w, int ld, int rows, int d, const uint16_t *v, int n,
                         float *acc) {
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-        int nr = rows - r0 < 4 ? rows - r0 : 4;
-        const float *w0 = w + (size_t)r0 * ld;
-        for (int c = 0; c < d; c += 16) {
-            __m256 a[4][2];
-            for (int r = 0; r < nr; r++) {
-                a[r][0] = _mm256_loadu_ps(acc + (size_t)(r0 + r) * d + c);
-                a[r][1] = _mm256_loadu_ps(acc + (size_t)(r0 + r) * d + c + 8);
-            }
-            for (int j = 0; j < n; j++) {
-                const uint16_t *vj = v + (size_t)j * d + c;
-                __m256 v0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vj));
-                __m256 v1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vj + 8)));
-                for (int r = 0; r < nr; r++) {
-                    __m256 wr = _mm256_broadcast_ss(w0 + (size_t)r * ld + j);
-                    a[r][0] = _mm256_fmadd_ps(wr, v0, a[r][0]);
-                    a[r][1] = _mm256_fmadd_ps(wr, v1, a[r][1]);
-                }
-            }
-            for (int r = 0; r < nr; r++) {
-                _mm256_storeu_ps(acc + (size_t)(r0 + r) * d + c, a[r][0]);
-                _mm256_storeu_ps(acc + (size_t)(r0 + r) * d + c + 8, a[r][1]);
-            }
-        }
-    }
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) accum4(w + (size_t)r * ld, ld, d, v, n, acc + (size_t)r * d);
+    for (; r < rows; r++) accum1(w + (size_t)r * ld, d, v, n, acc + (size_t)r * d);
 }

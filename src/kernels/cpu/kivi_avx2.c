@@ -1,16 +1,384 @@
-/* AVX2 kernels for KIVI scoring and value accumulation. */
+/* AVX2 kernels for KIVI scoring and value accumulation, straight from the
+ * packed codes (see DESIGN.md, "Kernel math"). Nothing dequantized is
+ * written; the per-call tables (q', int16 weights, (scale, zero) floats of
+ * one chunk) live in the scratch.
+ *
+ *  keys:   per token group, q'_d = q_d * scale_d in float and the constant
+ *          sum_d q_d * zero_d per row; per token, 8 codes at a time become
+ *          floats (shift, mask, convert) and meet q' in FMAs. Two tokens and
+ *          4 rows per step: each q' load feeds two FMAs, each converted code
+ *          vector four.
+ *  values: per chunk of up to CHUNK tokens, w_t * scale_tg rounded to int16
+ *          with one scale per row (the chunk's maximum -> 32767); the codes
+ *          of two tokens are interleaved as 16-bit pairs so one
+ *          _mm256_madd_epi16 adds w_t c_t + w_t+1 c_t+1 for 8 channels;
+ *          sum_t w_t zero_tg is added in float once per call.
+ *
+ * Why float keys. The key term and the zero term nearly cancel (the zero is
+ * the group minimum), so the attention output is far more sensitive to
+ * rounding than the operands suggest: q' in int16 (one scale per row) gave
+ * 1.2e-4 relative error on the test's attention output (limit 1e-4). Two
+ * exact-enough int16 variants measured slower than the FMAs: a second int16
+ * "lo" term (two madds per 16 channels), and int16 for all channels but the
+ * 4 largest |q'| (keys have outlier channels), those added in float.
+ * Without VNNI a madd needs a separate add, so int16 saves no instructions
+ * over FMA; on the value side it saves code conversion (16 channels of two
+ * tokens per unpack) and FMA port pressure. Values in int16 measure 4.9e-5
+ * on the same test (the rounding's common mode, cmax/2 * sum of the weight
+ * errors, is known exactly and taken back in float).
+ *
+ * Codes come from the "plane" layout (pack.h): one plane byte holds the
+ * same slot of 8/b channels, stride bytes apart, so a shift and a mask of a
+ * run of bytes gives a run of consecutive channels. 3-bit codes are a 2-bit
+ * plane set plus a 1-bit plane set counting 4 times; all sums here are
+ * linear in the codes, so the two sets are accumulated one after the other.
+ * Rows go 4 at a time (the q heads of a GQA group share every code load),
+ * leftover rows one at a time (MHA models: one row per kv head).
+ */
 #include "vq_internal.h"
 
 #include <immintrin.h>
+#include <string.h>
+
+/* Tokens per value chunk: the int32 sums stay below 32 * 32767 * 255 < 2^31,
+ * and a smaller chunk's maximum is closer to its other weights (32 tokens:
+ * 4.8e-5 error on the test, 64: 6.4e-5). */
+#define CHUNK 32
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+static inline __m256i load_u8x16(const uint8_t *p) {
+    return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Code bytes per token, and whether the plane strides (d * b / 8 bytes; for
+ * 3 bits d/4 and d/8) are whole units of `unit` bytes (keys read 8 bytes at
+ * a time, values 16). */
+static size_t code_bytes(int bits, int d) { return (size_t)d * (size_t)bits / 8; }
+
+static bool planes_ok(int bits, int d, int unit) {
+    if (bits == 3) return (d / 4) % unit == 0 && (d / 8) % unit == 0;
+    return code_bytes(bits, d) % (size_t)unit == 0;
+}
+
+/* ------------------------------------------------------------------ keys */
+
+/* For one token group's fp16 scale sc and zero zr: qs[r][d] = q_rd * sc_d
+ * (q') and qz[r] = sum_d q_rd * zr_d for the nr rows (qz[nr..3] = 0).
+ * Then q_r . k_t = sum_d qs[r][d] * c_td + qz[r]. */
+static void prep_keys(const float *q, int nr, int d, const uint16_t *sc, const uint16_t *zr, float *qs,
+                      float *qz) {
+    for (int r = 0; r < 4; r++) {
+        const float *qr = q + (size_t)r * d;
+        float *o = qs + (size_t)r * d;
+        if (r >= nr) {
+            qz[r] = 0;
+            continue;
+        }
+        __m256 z = _mm256_setzero_ps();
+        for (int c = 0; c < d; c += 8) {
+            __m256 x = _mm256_loadu_ps(qr + c);
+            _mm256_storeu_ps(o + c, _mm256_mul_ps(x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + c)))));
+            z = _mm256_fmadd_ps(x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(zr + c))), z);
+        }
+        qz[r] = hsum8(z);
+    }
+}
+
+/* Adds one plane set of tokens a and b for R rows (4 or 1, a constant)
+ * into accumulators: token a in acc[i], token b in acc[4 + i], i = the row
+ * for 4 rows, the slot's parity for 1 row, so there are always at least 4
+ * independent FMA chains; each q' load feeds two FMAs. Per 8 bytes, slot j
+ * holds channels j * stride + u .. +7. */
+static ALWAYS_INLINE void dot_plane(const float *qs, int d, const uint8_t *ca, const uint8_t *cb, int stride,
+                                    const int bits, const int shl, const int R, __m256 *acc) {
+    const __m256i mask = _mm256_set1_epi32(((1 << bits) - 1) << shl);
+    for (int u = 0; u < stride; u += 8) {
+        __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ca + u)));
+        __m256i xb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cb + u)));
+        for (int j = 0; j < 8 / bits; j++) {
+            /* c * 2^shl: shift the slot to bit shl, then mask; the lanes are
+             * zero-extended bytes, so the top slot needs no mask */
+            int sh = bits * j - shl;
+            __m256i ia = xa, ib = xb;
+            if (sh > 0) {
+                ia = _mm256_srli_epi32(xa, sh);
+                ib = _mm256_srli_epi32(xb, sh);
+            } else if (sh < 0) {
+                ia = _mm256_slli_epi32(xa, -sh);
+                ib = _mm256_slli_epi32(xb, -sh);
+            }
+            if (shl != 0 || bits * (j + 1) < 8) {
+                ia = _mm256_and_si256(ia, mask);
+                ib = _mm256_and_si256(ib, mask);
+            }
+            __m256 fa = _mm256_cvtepi32_ps(ia), fb = _mm256_cvtepi32_ps(ib);
+            const float *qc = qs + j * stride + u;
+            for (int r = 0; r < R; r++) {
+                __m256 qv = _mm256_loadu_ps(qc + (size_t)r * d);
+                int i = R == 1 ? (j & 1) : r;
+                acc[i] = _mm256_fmadd_ps(qv, fa, acc[i]);
+                acc[4 + i] = _mm256_fmadd_ps(qv, fb, acc[4 + i]);
+            }
+        }
+    }
+}
+
+/* Scores tokens [t0, t0 + n) for R rows (4 or 1); bits and R are constants
+ * in each caller, so the unpacking uses immediate shifts and the
+ * accumulators stay in registers. */
+static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, const int bits, const uint8_t *blk,
+                                     int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
+    size_t cb = code_bytes(bits, d);
+    const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
+    float *qs = scratch, *qz = scratch + 4 * (size_t)d; /* [4][d], [4] */
+    for (int t = t0; t < t0 + n;) {
+        int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
+        const uint16_t *sc = meta + (size_t)g * 2 * d;
+        prep_keys(q, R, d, sc, sc + d, qs, qz);
+        __m256 vz = _mm256_setr_ps(qz[0], qz[0], qz[1], qz[1], qz[2], qz[2], qz[3], qz[3]);
+        for (; t < end; t += 2) {
+            /* an odd last token of the group is paired with itself */
+            int two = t + 1 < end;
+            const uint8_t *ca = blk + (size_t)t * cb, *cb2 = two ? ca + cb : ca;
+            __m256 acc[8];
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+            if (bits == 3) {
+                dot_plane(qs, d, ca, cb2, d / 4, 2, 0, R, acc);
+                dot_plane(qs, d, ca + d / 4, cb2 + d / 4, d / 8, 1, 2, R, acc);
+            } else {
+                dot_plane(qs, d, ca, cb2, (int)cb, bits, 0, R, acc);
+            }
+            if (R == 1) { /* one row: fold the parity chains */
+                acc[0] = _mm256_add_ps(acc[0], acc[1]);
+                acc[4] = _mm256_add_ps(acc[4], acc[5]);
+            }
+            /* {r0a, r0b, r1a, r1b | r2a, r2b, r3a, r3b} */
+            __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[4]), _mm256_hadd_ps(acc[1], acc[5]));
+            __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(acc[2], acc[6]), _mm256_hadd_ps(acc[3], acc[7]));
+            __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h01, h23, 0x20), _mm256_permute2f128_ps(h01, h23, 0x31));
+            float o[8];
+            _mm256_storeu_ps(o, _mm256_add_ps(s, vz));
+            for (int r = 0; r < R; r++) {
+                logits[(size_t)r * ld + (t - t0)] = o[2 * r];
+                if (two) logits[(size_t)r * ld + (t - t0) + 1] = o[2 * r + 1];
+            }
+        }
+        t = end;
+    }
+}
 
 bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
-    (void)p; (void)q; (void)rows; (void)blk; (void)block_tokens; (void)t0; (void)n; (void)logits; (void)ld; (void)scratch;
-    return false;
+    int d = p->head_dim, bits = p->bits;
+    if (!planes_ok(bits, d, 8)) return false;
+    /* 4 rows at a time, then the rest one by one */
+    for (int r0 = 0; r0 < rows;) {
+        int R = rows - r0 >= 4 ? 4 : 1;
+        const float *qr = q + (size_t)r0 * d;
+        float *lr = logits + (size_t)r0 * ld;
+        int G = p->group;
+        if (R == 4) {
+            switch (bits) {
+            case 2: score_rows(qr, 4, d, G, 2, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            case 3: score_rows(qr, 4, d, G, 3, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            case 4: score_rows(qr, 4, d, G, 4, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            default: score_rows(qr, 4, d, G, 8, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            }
+        } else {
+            switch (bits) {
+            case 2: score_rows(qr, 1, d, G, 2, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            case 3: score_rows(qr, 1, d, G, 3, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            case 4: score_rows(qr, 1, d, G, 4, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            default: score_rows(qr, 1, d, G, 8, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            }
+        }
+        r0 += R;
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------- values */
+
+/* For one row and one chunk (CHUNK tokens, zero weights past its end),
+ * with sT/zT[g][t] the chunk's scales and zeros and W_tg = w_t * sT[g][t]:
+ * wp[g][pair] = (w16_t, w16_t+1), w16 = rint(W * 32767 / max W), the max
+ * over the chunk's tokens and groups, and zs[g] += sum_t w_t zT[g][t] -
+ * cmax/2 * deq * sum_t (w16_t - W_t * 32767 / max W) where deq = max W /
+ * 32767, returned. wp's groups are gstride ints apart.
+ *
+ * The codes are used as they are (no centering), and the rounding error
+ * sum_t e_t c_t = sum_t e_t (c_t - cmax/2) + cmax/2 sum_t e_t has its
+ * second, largest part known exactly here: it is taken back in float. */
+static float prep_weights(const float *wr, const float *sT, const float *zT, int ng, int cmax, int32_t *wp,
+                          size_t gstride, float *zs) {
+    float sumw[16]; /* sum_t W_tg */
+    __m256 mx = _mm256_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        __m256 sw = _mm256_setzero_ps(), zw = _mm256_setzero_ps();
+        for (int t = 0; t < CHUNK; t += 8) {
+            __m256 w = _mm256_loadu_ps(wr + t);
+            __m256 W = _mm256_mul_ps(w, _mm256_loadu_ps(sT + g * CHUNK + t));
+            mx = _mm256_max_ps(mx, W);
+            sw = _mm256_add_ps(sw, W);
+            zw = _mm256_fmadd_ps(w, _mm256_loadu_ps(zT + g * CHUNK + t), zw);
+        }
+        sumw[g] = hsum8(sw);
+        zs[g] += hsum8(zw);
+    }
+    float m = hmax8(mx); /* weights are >= 0, scales too */
+    float inv = m > 0 ? 32767.0f / m : 0.0f, deq = m / 32767.0f;
+    for (int g = 0; g < ng; g++) {
+        __m256i isum = _mm256_setzero_si256(); /* sum_t w16_t, exact */
+        for (int t = 0; t < CHUNK; t += 16) {
+            __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(sT + g * CHUNK + t));
+            __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(wr + t + 8), _mm256_loadu_ps(sT + g * CHUNK + t + 8));
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, _mm256_set1_ps(inv)));
+            __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, _mm256_set1_ps(inv)));
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(i0, i1));
+            /* 16 int16 in token order (packs works per 128-bit lane) = 8 pairs */
+            __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8);
+            _mm256_storeu_si256((__m256i *)(wp + g * gstride + t / 2), p);
+        }
+        float err = hsum8(_mm256_cvtepi32_ps(isum)) - sumw[g] * inv;
+        zs[g] -= 0.5f * (float)cmax * deq * err;
+    }
+    return deq;
+}
+
+/* acc[R rows][16 channels from ch] += f[r] * sum over the chunk's token
+ * pairs of the weight pairs times one slot of one 16-byte unit of codes
+ * (R = 4 or 1, a constant: the accumulators stay in registers). The codes
+ * are taken with a mask only, c * 2^(bits j) (at most 255: fits the int16
+ * operand); f[r] carries deq / 2^(bits j). The unpack leaves the lanes
+ * {0-3, 8-11} and {4-7, 12-15}; fixed on store. wg: the weight pairs of
+ * the slot's group, row r at wg + r * CHUNK / 2. */
+static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, __m256i mask,
+                                     const __m256 *f, const int R, float *acc, int d) {
+    __m256i a[4], b[4];
+    for (int r = 0; r < R; r++) a[r] = b[r] = _mm256_setzero_si256();
+    for (int t = 0; t < cn; t += 2) {
+        const uint8_t *ca = codes + (size_t)t * cb, *cb2 = t + 1 < cn ? ca + cb : ca;
+        __m256i xa = load_u8x16(ca), xb = load_u8x16(cb2);
+        __m256i lo = _mm256_and_si256(_mm256_unpacklo_epi16(xa, xb), mask);
+        __m256i hi = _mm256_and_si256(_mm256_unpackhi_epi16(xa, xb), mask);
+        for (int r = 0; r < R; r++) {
+            __m256i w = _mm256_set1_epi32(wg[r * (CHUNK / 2) + t / 2]);
+            a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(lo, w));
+            b[r] = _mm256_add_epi32(b[r], _mm256_madd_epi16(hi, w));
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m256 fa = _mm256_cvtepi32_ps(a[r]), fb = _mm256_cvtepi32_ps(b[r]);
+        float *o = acc + (size_t)r * d;
+        __m256 n0 = _mm256_permute2f128_ps(fa, fb, 0x20), n1 = _mm256_permute2f128_ps(fa, fb, 0x31);
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(n0, f[r], _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(n1, f[r], _mm256_loadu_ps(o + 8)));
+    }
+}
+
+/* All slots of one plane set for one chunk; a code of this plane set
+ * counts 2^shl (the high bit of 3-bit codes: 4). wp is [group][row][pair]. */
+static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, int stride, int bits, int shl,
+                                      int G, const int32_t *wp, const float *deq, const int R, float *acc, int d) {
+    for (int u = 0; u < stride; u += 16)
+        for (int j = 0; j < 8 / bits; j++) {
+            int ch = j * stride + u, g = ch / G;
+            __m256 f[4];
+            for (int r = 0; r < R; r++) f[r] = _mm256_set1_ps(deq[r] * (float)(1 << shl) / (float)(1 << (bits * j)));
+            __m256i mask = _mm256_set1_epi16((short)(((1 << bits) - 1) << (bits * j)));
+            accum_slot(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), mask, f, R, acc + ch, d);
+        }
+}
+
+/* Accumulates tokens [t0, t0 + n) into R rows (4 or 1). */
+static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d, int G, int bits, const uint8_t *blk,
+                                     int block_tokens, int t0, int n, float *acc, float *scratch) {
+    int ng = d / G, cmax = bits == 3 ? 7 : (1 << bits) - 1;
+    size_t cb = code_bytes(bits, d);
+    const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
+    /* scratch: sT, zT [ng][CHUNK] (scale, zero) floats, wbuf [R][CHUNK]
+     * weights (0 past the chunk's end), wp [ng][R][CHUNK/2] int32 weight
+     * pairs, zs [R][ng] zero terms */
+    float *sT = scratch, *zT = sT + (size_t)ng * CHUNK, *wbuf = zT + (size_t)ng * CHUNK;
+    int32_t *wp = (int32_t *)(wbuf + 4 * CHUNK);
+    float *zs = (float *)(wp + (size_t)ng * 4 * (CHUNK / 2));
+    memset(zs, 0, sizeof(float) * (size_t)R * ng);
+    for (int c0 = t0; c0 < t0 + n; c0 += CHUNK) {
+        int cn = t0 + n - c0 < CHUNK ? t0 + n - c0 : CHUNK;
+        for (int t = 0; t < CHUNK; t++) {
+            const uint16_t *m = meta + (size_t)(c0 + t) * ng * 2;
+            for (int g = 0; g < ng; g++) {
+                sT[g * CHUNK + t] = t < cn ? _cvtsh_ss(m[2 * g]) : 0.0f;
+                zT[g * CHUNK + t] = t < cn ? _cvtsh_ss(m[2 * g + 1]) : 0.0f;
+            }
+        }
+        float deq[4];
+        for (int r = 0; r < R; r++) {
+            float *wr = wbuf + r * CHUNK;
+            memcpy(wr, w + (size_t)r * ld + (c0 - t0), sizeof(float) * (size_t)cn);
+            memset(wr + cn, 0, sizeof(float) * (size_t)(CHUNK - cn));
+            deq[r] = prep_weights(wr, sT, zT, ng, cmax, wp + (size_t)r * (CHUNK / 2), (size_t)R * (CHUNK / 2),
+                                  zs + (size_t)r * ng);
+        }
+        const uint8_t *codes = blk + (size_t)c0 * cb;
+        if (bits == 3) {
+            accum_plane(codes, cb, cn, d / 4, 2, 0, G, wp, deq, R, acc, d);
+            accum_plane(codes + d / 4, cb, cn, d / 8, 1, 2, G, wp, deq, R, acc, d);
+        } else {
+            accum_plane(codes, cb, cn, (int)cb, bits, 0, G, wp, deq, R, acc, d);
+        }
+    }
+    /* zero terms and the rounding correction, per group */
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < ng; g++) {
+            __m256 z = _mm256_set1_ps(zs[r * ng + g]);
+            float *o = acc + (size_t)r * d + g * G;
+            for (int c = 0; c < G; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), z));
+        }
 }
 
 bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *acc, float *scratch) {
-    (void)p; (void)w; (void)ld; (void)rows; (void)blk; (void)block_tokens; (void)t0; (void)n; (void)acc; (void)scratch;
-    return false;
+    int d = p->head_dim, G = p->group, ng = d / G;
+    if (!planes_ok(p->bits, d, 16) || d % G != 0 || ng > 16) return false;
+    /* 4 rows at a time, then the rest one by one */
+    for (int r0 = 0; r0 < rows;) {
+        const float *wr = w + (size_t)r0 * ld;
+        float *ar = acc + (size_t)r0 * d;
+        if (rows - r0 >= 4) {
+            accum_rows(wr, ld, 4, d, G, p->bits, blk, block_tokens, t0, n, ar, scratch);
+            r0 += 4;
+        } else {
+            accum_rows(wr, ld, 1, d, G, p->bits, blk, block_tokens, t0, n, ar, scratch);
+            r0 += 1;
+        }
+    }
+    return true;
+}
+
+/* Scratch floats the two kernels above need (for 4 rows at a time). */
+size_t vq_kivi_scratch_avx2(const vq_mparams *p) {
+    size_t d = (size_t)p->head_dim, ng = d / (size_t)p->group;
+    if (!p->is_value) return 4 * d + 4; /* q' [4][d], zero terms [4] */
+    /* sT, zT [ng][CHUNK], wbuf [4][CHUNK], wp [ng][4][CHUNK/2], zs [4][ng] */
+    return 2 * ng * CHUNK + 4 * CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng;
 }
