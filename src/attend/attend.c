@@ -60,7 +60,15 @@ typedef struct {
     int n_row_chunks;
     int tasks_per_head;
     float scale;
-    float *partials;    /* split: [H][n_parts][rows_total][d + 2] */
+    /* Keys whose method prepares queries (rotation, projection): the
+     * prepared rows of every head, [H][rows_total][prep_w], made once. */
+    float *prep;
+    int prep_w;
+    /* Values whose method accumulates in its own domain (finish_rows): the
+     * fp16 window then sums into a second accumulator in output space. */
+    bool split_acc;
+    int part_w;         /* floats per row in a partial: 2 + d (+ d) */
+    float *partials;    /* split: [H][n_parts][rows_total][part_w] */
     float *thread_mem;  /* [threads][thread_floats] */
     size_t thread_floats;
     size_t method_floats;
@@ -68,9 +76,9 @@ typedef struct {
 } job;
 
 /* Processes tokens [t0, t0 + n) of one block-like payload pair. */
-static void run_span(const job *jb, int nr, const float *qbuf, const int32_t *qpos, int32_t qpos_max,
-                     const uint8_t *kp, const uint8_t *vp, int bt, const int32_t *kpos, int n,
-                     float *m, float *l, float *acc, float *logits, float *mscratch, bool is_window) {
+static void run_span(const job *jb, int nr, const float *qbuf, const float *kq, const int32_t *qpos,
+                     int32_t qpos_max, const uint8_t *kp, const uint8_t *vp, int bt, const int32_t *kpos, int n,
+                     float *m, float *l, float *acc, float *accw, float *logits, float *mscratch, bool is_window) {
     const vq_cache *c = jb->c;
     int d = c->cfg.head_dim, ld = jb->logit_ld;
     if (n <= 0) return;
@@ -86,7 +94,8 @@ static void run_span(const job *jb, int nr, const float *qbuf, const int32_t *qp
         pk = &fk;
         pv = &fv;
     }
-    pk->method->score(pk, qbuf, nr, kp, bt, 0, n, logits, ld, mscratch);
+    /* blocks score with the method's prepared rows, the window with q itself */
+    pk->method->score(pk, is_window ? qbuf : kq, nr, kp, bt, 0, n, logits, ld, mscratch);
     bool need_mask = qpos && kpos[n - 1] > qpos[0];
     for (int r = 0; r < nr; r++) {
         float *lr = logits + (size_t)r * ld;
@@ -106,11 +115,15 @@ static void run_span(const job *jb, int nr, const float *qbuf, const int32_t *qp
             l[r] *= alpha;
             float *ar = acc + (size_t)r * d;
             for (int i = 0; i < d; i++) ar[i] *= alpha;
+            if (accw != acc) {
+                float *aw = accw + (size_t)r * d;
+                for (int i = 0; i < d; i++) aw[i] *= alpha;
+            }
             m[r] = mnew;
         }
         l[r] += exp_shift_sum(lr, n, mnew);
     }
-    pv->method->accum(pv, logits, ld, nr, vp, bt, 0, n, acc, mscratch);
+    pv->method->accum(pv, logits, ld, nr, vp, bt, 0, n, is_window ? accw : acc, mscratch);
 }
 
 /* The rows of task `row_chunk` of head h: q (scaled) into qbuf, positions
@@ -151,8 +164,8 @@ static void prefetch_block(const uint8_t *blk, size_t bytes) {
 }
 
 static void stream_range(const job *jb, const vq_stream *s, int b0, int b1, bool window, int nr,
-                         const float *qbuf, const int32_t *qpos, int32_t qpos_max, float *m, float *l,
-                         float *acc, float *logits, float *mscratch) {
+                         const float *qbuf, const float *kq, const int32_t *qpos, int32_t qpos_max, float *m,
+                         float *l, float *acc, float *accw, float *logits, float *mscratch) {
     const vq_cache *c = jb->c;
     int bt = c->block_tokens;
     for (int b = b0; b < b1; b++) {
@@ -160,18 +173,24 @@ static void stream_range(const job *jb, const vq_stream *s, int b0, int b1, bool
         int n = (int)(s->n_quant - t0 < bt ? s->n_quant - t0 : bt);
         uint8_t *blk = s->blocks[b];
         if (b + 1 < b1 && c->block_bytes <= PREFETCH_MAX_BYTES) prefetch_block(s->blocks[b + 1], c->block_bytes);
-        run_span(jb, nr, qbuf, qpos, qpos_max, blk, blk + c->k_bytes, bt, vq_block_pos(c, blk), n, m, l,
-                 acc, logits, mscratch, false);
+        run_span(jb, nr, qbuf, kq, qpos, qpos_max, blk, blk + c->k_bytes, bt, vq_block_pos(c, blk), n, m, l,
+                 acc, accw, logits, mscratch, false);
     }
     if (window && s->win_n)
-        run_span(jb, nr, qbuf, qpos, qpos_max, (const uint8_t *)s->win_k, (const uint8_t *)s->win_v,
-                 c->win_cap, s->win_pos, s->win_n, m, l, acc, logits, mscratch, true);
+        run_span(jb, nr, qbuf, kq, qpos, qpos_max, (const uint8_t *)s->win_k, (const uint8_t *)s->win_v,
+                 c->win_cap, s->win_pos, s->win_n, m, l, acc, accw, logits, mscratch, true);
 }
 
-static void write_row(const job *jb, int h, int row, const float *acc, float l) {
+/* Turns summed rows into output: the values method's finish (e.g. the
+ * inverse rotation) on acc, plus the window's part, divided by l. */
+static void write_row(const job *jb, int h, int row, float *acc, const float *accw, float l) {
     const vq_cache *c = jb->c;
     const vq_attend_args *a = jb->a;
     int d = c->cfg.head_dim, Hq = c->cfg.n_heads_q, g = jb->g;
+    if (jb->split_acc) {
+        c->spec.v.method->finish_rows(&c->spec.v, acc, 1);
+        for (int i = 0; i < d; i++) acc[i] += accw[i];
+    }
     int qi = row / g, j = row % g;
     size_t off = ((size_t)qi * Hq + (size_t)h * g + j) * d;
     float inv = l > 0 ? 1.0f / l : 0.0f;
@@ -184,71 +203,113 @@ static void write_row(const job *jb, int h, int row, const float *acc, float l) 
     }
 }
 
+/* The per-thread scratch layout of a task. */
+typedef struct {
+    float *qbuf, *acc, *accw, *m, *l, *logits, *mscratch;
+} task_mem;
+
+static task_mem carve(const job *jb, int thread) {
+    int d = jb->c->cfg.head_dim, maxr = jb->split ? jb->rows_total : ROW_CHUNK;
+    task_mem t;
+    t.qbuf = jb->thread_mem + (size_t)thread * jb->thread_floats;
+    t.acc = t.qbuf + (size_t)maxr * d;
+    t.accw = jb->split_acc ? t.acc + (size_t)maxr * d : t.acc;
+    t.m = t.accw + (size_t)maxr * d;
+    t.l = t.m + maxr;
+    t.logits = t.l + maxr;
+    t.mscratch = t.logits + (size_t)maxr * jb->logit_ld;
+    return t;
+}
+
 static void task_fn(void *ctx, int task, int thread) {
     const job *jb = ctx;
     const vq_cache *c = jb->c;
     int d = c->cfg.head_dim;
     int h = task / jb->tasks_per_head, sub = task % jb->tasks_per_head;
     const vq_stream *s = &c->streams[(size_t)jb->layer * c->cfg.n_heads_kv + h];
-    float *mem = jb->thread_mem + (size_t)thread * jb->thread_floats;
-    int maxr = jb->split ? jb->rows_total : ROW_CHUNK;
-    float *qbuf = mem, *acc = qbuf + (size_t)maxr * d, *m = acc + (size_t)maxr * d, *l = m + maxr;
-    float *logits = l + maxr, *mscratch = logits + (size_t)maxr * jb->logit_ld;
+    task_mem t = carve(jb, thread);
     int32_t qpos[ROW_CHUNK];
     int32_t qpos_max;
     int r0 = jb->split ? 0 : sub * ROW_CHUNK;
     int nr = jb->split ? jb->rows_total : (jb->rows_total - r0 < ROW_CHUNK ? jb->rows_total - r0 : ROW_CHUNK);
-    load_rows(jb, h, r0, nr, qbuf, qpos, &qpos_max);
+    load_rows(jb, h, r0, nr, t.qbuf, qpos, &qpos_max);
+    const float *kq = jb->prep ? jb->prep + ((size_t)h * jb->rows_total + r0) * jb->prep_w : t.qbuf;
     const int32_t *qp = jb->a->q_pos ? qpos : NULL;
     for (int r = 0; r < nr; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0;
+        t.m[r] = -INFINITY;
+        t.l[r] = 0;
     }
-    memset(acc, 0, sizeof(float) * (size_t)nr * d);
+    memset(t.acc, 0, sizeof(float) * (size_t)nr * d);
+    if (jb->split_acc) memset(t.accw, 0, sizeof(float) * (size_t)nr * d);
     if (jb->split) {
         int b0 = sub * jb->part_blocks, b1 = b0 + jb->part_blocks;
         if (b1 > s->n_blocks) b1 = s->n_blocks;
         bool window = sub == jb->n_parts - 1;
         if (b0 < b1 || window)
-            stream_range(jb, s, b0 < b1 ? b0 : 0, b0 < b1 ? b1 : 0, window, nr, qbuf, qp, qpos_max, m, l, acc,
-                         logits, mscratch);
-        float *part = jb->partials + ((size_t)h * jb->n_parts + sub) * nr * (d + 2);
+            stream_range(jb, s, b0 < b1 ? b0 : 0, b0 < b1 ? b1 : 0, window, nr, t.qbuf, kq, qp, qpos_max, t.m, t.l,
+                         t.acc, t.accw, t.logits, t.mscratch);
+        float *part = jb->partials + ((size_t)h * jb->n_parts + sub) * nr * jb->part_w;
         for (int r = 0; r < nr; r++) {
-            float *pr = part + (size_t)r * (d + 2);
-            pr[0] = m[r];
-            pr[1] = l[r];
-            memcpy(pr + 2, acc + (size_t)r * d, sizeof(float) * d);
+            float *pr = part + (size_t)r * jb->part_w;
+            pr[0] = t.m[r];
+            pr[1] = t.l[r];
+            memcpy(pr + 2, t.acc + (size_t)r * d, sizeof(float) * d);
+            if (jb->split_acc) memcpy(pr + 2 + d, t.accw + (size_t)r * d, sizeof(float) * d);
         }
         return;
     }
-    stream_range(jb, s, 0, s->n_blocks, true, nr, qbuf, qp, qpos_max, m, l, acc, logits, mscratch);
-    for (int r = 0; r < nr; r++) write_row(jb, h, r0 + r, acc + (size_t)r * d, l[r]);
+    stream_range(jb, s, 0, s->n_blocks, true, nr, t.qbuf, kq, qp, qpos_max, t.m, t.l, t.acc, t.accw, t.logits,
+                 t.mscratch);
+    for (int r = 0; r < nr; r++) write_row(jb, h, r0 + r, t.acc + (size_t)r * d, t.accw + (size_t)r * d, t.l[r]);
 }
 
 /* Merges the partitions of head h, in partition order. */
 static void merge_fn(void *ctx, int h, int thread) {
     const job *jb = ctx;
-    int d = jb->c->cfg.head_dim, nr = jb->rows_total;
-    float *acc = jb->thread_mem + (size_t)thread * jb->thread_floats;
+    int d = jb->c->cfg.head_dim, nr = jb->rows_total, pw = jb->part_w;
+    task_mem t = carve(jb, thread);
+    float *acc = t.acc, *accw = jb->split_acc ? acc + d : acc;
     for (int r = 0; r < nr; r++) {
         float M = -INFINITY;
         for (int p = 0; p < jb->n_parts; p++) {
-            float mp = jb->partials[(((size_t)h * jb->n_parts + p) * nr + r) * (d + 2)];
+            float mp = jb->partials[(((size_t)h * jb->n_parts + p) * nr + r) * pw];
             M = mp > M ? mp : M;
         }
         float L = 0;
-        memset(acc, 0, sizeof(float) * d);
+        memset(acc, 0, sizeof(float) * d * (jb->split_acc ? 2 : 1));
         if (M != -INFINITY) {
             for (int p = 0; p < jb->n_parts; p++) {
-                const float *pr = jb->partials + (((size_t)h * jb->n_parts + p) * nr + r) * (d + 2);
+                const float *pr = jb->partials + (((size_t)h * jb->n_parts + p) * nr + r) * pw;
                 if (pr[0] == -INFINITY) continue;
                 float w = expf(pr[0] - M);
                 L += pr[1] * w;
                 for (int i = 0; i < d; i++) acc[i] += pr[2 + i] * w;
+                if (jb->split_acc)
+                    for (int i = 0; i < d; i++) accw[i] += pr[2 + d + i] * w;
             }
         }
-        write_row(jb, h, r, acc, L);
+        write_row(jb, h, r, acc, accw, L);
     }
+}
+
+/* Prepared query rows for the keys method, all heads, once per call. */
+typedef struct {
+    const job *jb;
+    float *qtmp; /* [threads][rows_total][d] */
+} prep_ctx;
+
+static void prep_fn(void *ctx, int h, int thread) {
+    const prep_ctx *pc = ctx;
+    const job *jb = pc->jb;
+    const vq_cache *c = jb->c;
+    int d = c->cfg.head_dim;
+    float *q = pc->qtmp + (size_t)thread * jb->rows_total * d;
+    int32_t unused_pos[ROW_CHUNK], unused_max;
+    for (int r0 = 0; r0 < jb->rows_total; r0 += ROW_CHUNK) {
+        int nr = jb->rows_total - r0 < ROW_CHUNK ? jb->rows_total - r0 : ROW_CHUNK;
+        load_rows(jb, h, r0, nr, q + (size_t)r0 * d, unused_pos, &unused_max);
+    }
+    c->spec.k.method->prep_query(&c->spec.k, q, jb->rows_total, jb->prep + (size_t)h * jb->rows_total * jb->prep_w);
 }
 
 static vq_status ensure_scratch(vq_cache *c, size_t floats) {
@@ -282,6 +343,8 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
     jb.rows_total = a->n_q * jb.g;
     jb.scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)d);
     jb.split = jb.rows_total <= ROW_CHUNK;
+    jb.split_acc = c->spec.v.method->finish_rows != NULL;
+    jb.part_w = 2 + d * (jb.split_acc ? 2 : 1);
     int max_blocks = 0;
     for (int h = 0; h < H; h++) {
         int nb = c->streams[(size_t)layer * H + h].n_blocks;
@@ -302,14 +365,24 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
     size_t mk = c->spec.k.method->scratch_floats(&c->spec.k, maxr);
     size_t mv = c->spec.v.method->scratch_floats(&c->spec.v, maxr);
     jb.method_floats = mk > mv ? mk : mv;
-    jb.thread_floats = (size_t)maxr * d * 2 + (size_t)maxr * 2 + (size_t)maxr * jb.logit_ld + jb.method_floats;
+    jb.thread_floats = (size_t)maxr * d * (jb.split_acc ? 3 : 2) + (size_t)maxr * 2 + (size_t)maxr * jb.logit_ld +
+                       jb.method_floats;
     jb.thread_floats = (jb.thread_floats + 15) & ~(size_t)15;
     int threads = vq_pool_threads(a->pool);
-    size_t partial_floats = jb.split ? (size_t)H * jb.n_parts * jb.rows_total * (d + 2) : 0;
-    vq_status st = ensure_scratch(c, jb.thread_floats * threads + partial_floats);
+    size_t partial_floats = jb.split ? (size_t)H * jb.n_parts * jb.rows_total * jb.part_w : 0;
+    bool prep = c->spec.k.method->prep_query != NULL;
+    jb.prep_w = prep ? (int)c->spec.k.method->prep_floats(&c->spec.k) : 0;
+    size_t prep_floats = prep ? (size_t)H * jb.rows_total * jb.prep_w : 0;
+    size_t qtmp_floats = prep ? (size_t)threads * jb.rows_total * d : 0;
+    vq_status st = ensure_scratch(c, jb.thread_floats * threads + partial_floats + prep_floats + qtmp_floats);
     if (st) return st;
     jb.thread_mem = c->attend_scratch;
     jb.partials = c->attend_scratch + jb.thread_floats * threads;
+    if (prep) {
+        jb.prep = jb.partials + partial_floats;
+        prep_ctx pc = {.jb = &jb, .qtmp = jb.prep + prep_floats};
+        vq_pool_run(a->pool, H, prep_fn, &pc);
+    }
     vq_pool_run(a->pool, H * jb.tasks_per_head, task_fn, &jb);
     if (jb.split) vq_pool_run(a->pool, H, merge_fn, &jb);
     return VQ_OK;
