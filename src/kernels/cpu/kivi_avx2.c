@@ -69,6 +69,9 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* 2^e for a small e, as 8 floats: the exponent field written directly. */
+static inline __m256 pow2(int e) { return _mm256_castsi256_ps(_mm256_set1_epi32((127 + e) << 23)); }
+
 /* Code bytes per token, and whether the plane strides (d * b / 8 bytes; for
  * 3 bits d/4 and d/8) are whole units of `unit` bytes (keys read 8 bytes at
  * a time, values 16). */
@@ -81,105 +84,132 @@ static bool planes_ok(int bits, int d, int unit) {
 
 /* ------------------------------------------------------------------ keys */
 
-/* For one token group's fp16 scale sc and zero zr: qs[r][d] = q_rd * sc_d
- * (q') and qz[r] = sum_d q_rd * zr_d for the nr rows (qz[nr..3] = 0).
- * Then q_r . k_t = sum_d qs[r][d] * c_td + qz[r]. */
-static void prep_keys(const float *q, int nr, int d, const uint16_t *sc, const uint16_t *zr, float *qs,
-                      float *qz) {
-    for (int r = 0; r < 4; r++) {
-        const float *qr = q + (size_t)r * d;
-        float *o = qs + (size_t)r * d;
-        if (r >= nr) {
-            qz[r] = 0;
-            continue;
-        }
-        __m256 z = _mm256_setzero_ps();
-        for (int c = 0; c < d; c += 8) {
-            __m256 x = _mm256_loadu_ps(qr + c);
-            _mm256_storeu_ps(o + c, _mm256_mul_ps(x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + c)))));
-            z = _mm256_fmadd_ps(x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(zr + c))), z);
-        }
-        qz[r] = hsum8(z);
+/* One plane set of a key's codes: b-bit slots, stride bytes apart; a code
+ * of the set counts 2^shl (the high bit of 3-bit codes: 4). */
+typedef struct {
+    int b, shl, stride, off; /* off: the set's first byte in a token's codes */
+} plane_set;
+
+static int plane_sets(int bits, int d, plane_set ps[2]) {
+    if (bits == 3) {
+        ps[0] = (plane_set){2, 0, d / 4, 0};
+        ps[1] = (plane_set){1, 2, d / 8, d / 4};
+        return 2;
     }
+    ps[0] = (plane_set){bits, 0, (int)code_bytes(bits, d), 0};
+    return 1;
 }
 
-/* Adds one plane set of tokens a and b for R rows (4 or 1, a constant)
- * into accumulators: token a in acc[i], token b in acc[4 + i], i = the row
- * for 4 rows, the slot's parity for 1 row, so there are always at least 4
- * independent FMA chains; each q' load feeds two FMAs. Per 8 bytes, slot j
- * holds channels j * stride + u .. +7. */
-static ALWAYS_INLINE void dot_plane(const float *qs, int d, const uint8_t *ca, const uint8_t *cb, int stride,
-                                    const int bits, const int shl, const int R, __m256 *acc) {
-    const __m256i mask = _mm256_set1_epi32(((1 << bits) - 1) << shl);
+/* For one token group's fp16 scale sc and zero zr and the R rows of q:
+ * q' = q_r,ch * sc_ch * 2^(shl - b j), j the slot of channel ch in the
+ * plane set (j taken as 0 for the top slot, which is shifted), and
+ * qz[r] = sum_ch q_r,ch * zr_ch (qz[R..3] = 0). Then q_r . k_t = the sum
+ * over sets and channels of q' * (c * 2^(b j)) + qz[r].
+ *
+ * Why the power of two. The kernel masks a slot's codes in place instead
+ * of shifting them down, so it sees c * 2^(b j); q' carries the inverse.
+ * Scaling by a power of two is exact, so every product and sum is the same
+ * float as with q_r,ch * sc_ch and c: one instruction less per 8 codes.
+ *
+ * Layout: q' is stored in the order dot_plane reads it, 8 floats for each
+ * (8-byte step u, slot j, row r), so the kernel walks one pointer; with a
+ * pointer per (slot, row) it ran out of registers. Set i starts at
+ * qs + i * 4 * d. */
+static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, const plane_set *ps, int nsets,
+                                    const uint16_t *sc, const uint16_t *zr, float *qs, float *qz) {
+    __m256 z[4];
+    for (int r = 0; r < R; r++) z[r] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+        __m256 zf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(zr + c)));
+        for (int r = 0; r < R; r++) z[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + c), zf, z[r]);
+    }
+    /* in reading order: step u, slot j, row r; channel c = j * stride + u */
+    for (int i = 0; i < nsets; i++) {
+        int b = ps[i].b, slots = 8 / b, stride = ps[i].stride;
+        float *o = qs + (size_t)i * 4 * d;
+        for (int u = 0; u < stride; u += 8)
+            for (int j = 0; j < slots; j++) {
+                int c = j * stride + u;
+                /* the top slot is shifted down, not masked: c itself */
+                __m256 f = pow2(ps[i].shl - (j == slots - 1 ? 0 : b * j));
+                __m256 sf = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + c))), f);
+                for (int r = 0; r < R; r++, o += 8)
+                    _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)r * d + c), sf));
+            }
+    }
+    for (int r = 0; r < 4; r++) qz[r] = r < R ? hsum8(z[r]) : 0.0f;
+}
+
+/* Adds one plane set of one token's codes c for R rows (4 or 1, a
+ * constant) into accumulators: acc[r + 4 (j & 1)] for 4 rows (8 FMA chains
+ * hide the FMA latency), acc[j & 3] for one. Per 8
+ * bytes, slot j holds channels j * stride + u .. +7, taken as c * 2^(bits j)
+ * by a mask alone (q' carries 2^-(bits j), see prep_keys), the top slot as
+ * c by a shift alone.
+ *
+ * One token at a time: two tokens per step (each q' load feeding two FMAs)
+ * needed 8 accumulators per token pair plus the codes of both, more
+ * registers than AVX2 has, and the compiler spilled accumulators inside
+ * the loop. q' comes straight from L1 as the FMAs' memory operand. */
+static ALWAYS_INLINE void dot_plane(const float *qs, const uint8_t *c, int stride, const int bits, const int R,
+                                    __m256 *acc) {
+    const float *qp = qs;
     for (int u = 0; u < stride; u += 8) {
-        __m256i xa = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ca + u)));
-        __m256i xb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cb + u)));
+        __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + u)));
         for (int j = 0; j < 8 / bits; j++) {
-            /* c * 2^shl: shift the slot to bit shl, then mask; the lanes are
-             * zero-extended bytes, so the top slot needs no mask */
-            int sh = bits * j - shl;
-            __m256i ia = xa, ib = xb;
-            if (sh > 0) {
-                ia = _mm256_srli_epi32(xa, sh);
-                ib = _mm256_srli_epi32(xb, sh);
-            } else if (sh < 0) {
-                ia = _mm256_slli_epi32(xa, -sh);
-                ib = _mm256_slli_epi32(xb, -sh);
-            }
-            if (shl != 0 || bits * (j + 1) < 8) {
-                ia = _mm256_and_si256(ia, mask);
-                ib = _mm256_and_si256(ib, mask);
-            }
-            __m256 fa = _mm256_cvtepi32_ps(ia), fb = _mm256_cvtepi32_ps(ib);
-            const float *qc = qs + j * stride + u;
+            __m256i ix;
+            if (bits * (j + 1) < 8)
+                ix = _mm256_and_si256(x, _mm256_set1_epi32(((1 << bits) - 1) << (bits * j)));
+            else /* the top slot: the lanes are zero-extended bytes, a shift alone gives c */
+                ix = _mm256_srli_epi32(x, 8 - bits);
+            __m256 f = _mm256_cvtepi32_ps(ix);
             for (int r = 0; r < R; r++) {
-                __m256 qv = _mm256_loadu_ps(qc + (size_t)r * d);
-                int i = R == 1 ? (j & 1) : r;
-                acc[i] = _mm256_fmadd_ps(qv, fa, acc[i]);
-                acc[4 + i] = _mm256_fmadd_ps(qv, fb, acc[4 + i]);
+                int i = R == 1 ? (j & 3) : r + 4 * (j & 1);
+                acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * r), f, acc[i]);
             }
+            qp += 8 * R;
         }
     }
 }
 
 /* Scores tokens [t0, t0 + n) for R rows (4 or 1); bits and R are constants
- * in each caller, so the unpacking uses immediate shifts and the
+ * in each caller, so the unpacking uses immediate masks and the
  * accumulators stay in registers. */
 static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, const int bits, const uint8_t *blk,
                                      int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
     size_t cb = code_bytes(bits, d);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
-    float *qs = scratch, *qz = scratch + 4 * (size_t)d; /* [4][d], [4] */
+    plane_set ps[2];
+    int nsets = plane_sets(bits, d, ps);
+    float *qs = scratch, *qz = scratch + 8 * (size_t)d; /* [set][4][d], [4] */
     for (int t = t0; t < t0 + n;) {
         int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
         const uint16_t *sc = meta + (size_t)g * 2 * d;
-        prep_keys(q, R, d, sc, sc + d, qs, qz);
-        __m256 vz = _mm256_setr_ps(qz[0], qz[0], qz[1], qz[1], qz[2], qz[2], qz[3], qz[3]);
-        for (; t < end; t += 2) {
-            /* an odd last token of the group is paired with itself */
-            int two = t + 1 < end;
-            const uint8_t *ca = blk + (size_t)t * cb, *cb2 = two ? ca + cb : ca;
+        prep_keys(q, R, d, ps, nsets, sc, sc + d, qs, qz);
+        __m128 vz = _mm_loadu_ps(qz);
+        for (; t < end; t++) {
+            const uint8_t *ct = blk + (size_t)t * cb;
             __m256 acc[8];
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
             if (bits == 3) {
-                dot_plane(qs, d, ca, cb2, d / 4, 2, 0, R, acc);
-                dot_plane(qs, d, ca + d / 4, cb2 + d / 4, d / 8, 1, 2, R, acc);
+                dot_plane(qs, ct, d / 4, 2, R, acc);
+                dot_plane(qs + 4 * (size_t)d, ct + d / 4, d / 8, 1, R, acc);
             } else {
-                dot_plane(qs, d, ca, cb2, (int)cb, bits, 0, R, acc);
+                dot_plane(qs, ct, (int)cb, bits, R, acc);
             }
-            if (R == 1) { /* one row: fold the parity chains */
-                acc[0] = _mm256_add_ps(acc[0], acc[1]);
-                acc[4] = _mm256_add_ps(acc[4], acc[5]);
-            }
-            /* {r0a, r0b, r1a, r1b | r2a, r2b, r3a, r3b} */
-            __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[4]), _mm256_hadd_ps(acc[1], acc[5]));
-            __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(acc[2], acc[6]), _mm256_hadd_ps(acc[3], acc[7]));
-            __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h01, h23, 0x20), _mm256_permute2f128_ps(h01, h23, 0x31));
-            float o[8];
-            _mm256_storeu_ps(o, _mm256_add_ps(s, vz));
-            for (int r = 0; r < R; r++) {
-                logits[(size_t)r * ld + (t - t0)] = o[2 * r];
-                if (two) logits[(size_t)r * ld + (t - t0) + 1] = o[2 * r + 1];
+            __m256 v[4];
+            for (int i = 0; i < 4; i++) v[i] = _mm256_add_ps(acc[i], acc[4 + i]);
+            float *l = logits + (t - t0);
+            if (R == 1) {
+                l[0] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3]))) + qz[0];
+            } else {
+                /* {r0, r1, r2, r3 | r0, r1, r2, r3} partial sums, then the halves */
+                __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+                __m128 s = _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), vz);
+                _mm_store_ss(l, s);
+                _mm_store_ss(l + ld, _mm_movehdup_ps(s));
+                _mm_store_ss(l + 2 * (size_t)ld, _mm_movehl_ps(s, s));
+                _mm_store_ss(l + 3 * (size_t)ld, _mm_shuffle_ps(s, s, 3));
             }
         }
         t = end;
@@ -221,77 +251,76 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
 /* For one row and one chunk (CHUNK tokens, zero weights past its end),
  * with sT/zT[g][t] the chunk's scales and zeros and W_tg = w_t * sT[g][t]:
  * wp[g][pair] = (w16_t, w16_t+1), w16 = rint(W * 32767 / max W), the max
- * over the chunk's tokens and groups, and zs[g] += sum_t w_t zT[g][t] -
- * cmax/2 * deq * sum_t (w16_t - W_t * 32767 / max W) where deq = max W /
- * 32767, returned. wp's groups are gstride ints apart.
+ * over the chunk's tokens and groups, and zv[g] (8 lanes, summed at the end
+ * of the call) += w_t zT[g][t] - cmax/2 * deq * (w16_t - W_t * 32767 / max W)
+ * where deq = max W / 32767, returned. wp's groups are gstride ints apart.
  *
  * The codes are used as they are (no centering), and the rounding error
  * sum_t e_t c_t = sum_t e_t (c_t - cmax/2) + cmax/2 sum_t e_t has its
  * second, largest part known exactly here: it is taken back in float. */
 static float prep_weights(const float *wr, const float *sT, const float *zT, int ng, int cmax, int32_t *wp,
-                          size_t gstride, float *zs) {
-    float sumw[16]; /* sum_t W_tg */
+                          size_t gstride, __m256 *zv) {
     __m256 mx = _mm256_setzero_ps();
-    for (int g = 0; g < ng; g++) {
-        __m256 sw = _mm256_setzero_ps(), zw = _mm256_setzero_ps();
-        for (int t = 0; t < CHUNK; t += 8) {
-            __m256 w = _mm256_loadu_ps(wr + t);
-            __m256 W = _mm256_mul_ps(w, _mm256_loadu_ps(sT + g * CHUNK + t));
-            mx = _mm256_max_ps(mx, W);
-            sw = _mm256_add_ps(sw, W);
-            zw = _mm256_fmadd_ps(w, _mm256_loadu_ps(zT + g * CHUNK + t), zw);
-        }
-        sumw[g] = hsum8(sw);
-        zs[g] += hsum8(zw);
-    }
+    for (int g = 0; g < ng; g++)
+        for (int t = 0; t < CHUNK; t += 8)
+            mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(sT + g * CHUNK + t)));
     float m = hmax8(mx); /* weights are >= 0, scales too */
-    float inv = m > 0 ? 32767.0f / m : 0.0f, deq = m / 32767.0f;
+    float deq = m / 32767.0f;
+    __m256 inv = _mm256_set1_ps(m > 0 ? 32767.0f / m : 0.0f), corr = _mm256_set1_ps(-0.5f * (float)cmax * deq);
     for (int g = 0; g < ng; g++) {
-        __m256i isum = _mm256_setzero_si256(); /* sum_t w16_t, exact */
+        __m256 err = _mm256_setzero_ps(), zw = zv[g]; /* sum_t (w16_t - W_t * inv), sum_t w_t zT */
         for (int t = 0; t < CHUNK; t += 16) {
-            __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(sT + g * CHUNK + t));
-            __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(wr + t + 8), _mm256_loadu_ps(sT + g * CHUNK + t + 8));
-            __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, _mm256_set1_ps(inv)));
-            __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, _mm256_set1_ps(inv)));
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(i0, i1));
+            __m256 w0 = _mm256_loadu_ps(wr + t), w1 = _mm256_loadu_ps(wr + t + 8);
+            __m256 x0 = _mm256_mul_ps(_mm256_mul_ps(w0, _mm256_loadu_ps(sT + g * CHUNK + t)), inv);
+            __m256 x1 = _mm256_mul_ps(_mm256_mul_ps(w1, _mm256_loadu_ps(sT + g * CHUNK + t + 8)), inv);
+            __m256i i0 = _mm256_cvtps_epi32(x0), i1 = _mm256_cvtps_epi32(x1);
+            err = _mm256_add_ps(err, _mm256_add_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(i0), x0),
+                                                   _mm256_sub_ps(_mm256_cvtepi32_ps(i1), x1)));
+            zw = _mm256_fmadd_ps(w0, _mm256_loadu_ps(zT + g * CHUNK + t), zw);
+            zw = _mm256_fmadd_ps(w1, _mm256_loadu_ps(zT + g * CHUNK + t + 8), zw);
             /* 16 int16 in token order (packs works per 128-bit lane) = 8 pairs */
             __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8);
             _mm256_storeu_si256((__m256i *)(wp + g * gstride + t / 2), p);
         }
-        float err = hsum8(_mm256_cvtepi32_ps(isum)) - sumw[g] * inv;
-        zs[g] -= 0.5f * (float)cmax * deq * err;
+        zv[g] = _mm256_fmadd_ps(err, corr, zw);
     }
     return deq;
 }
 
-/* acc[R rows][16 channels from ch] += f[r] * sum over the chunk's token
- * pairs of the weight pairs times one slot of one 16-byte unit of codes
- * (R = 4 or 1, a constant: the accumulators stay in registers). The codes
- * are taken with a mask only, c * 2^(bits j) (at most 255: fits the int16
- * operand); f[r] carries deq / 2^(bits j). The unpack leaves the lanes
- * {0-3, 8-11} and {4-7, 12-15}; fixed on store. wg: the weight pairs of
- * the slot's group, row r at wg + r * CHUNK / 2. */
+/* acc[R rows][16 channels from ch] += deq[r] * fs * sum over the chunk's
+ * token pairs of the weight pairs times one slot of one 16-byte unit of
+ * codes (R = 4 or 1, a constant: the accumulators stay in registers). The
+ * codes are taken with a mask only, c * 2^(bits j) (at most 255: fits the
+ * int16 operand); fs = 2^shl / 2^(bits j) takes the power back. The unpack
+ * leaves the lanes {0-3, 8-11} and {4-7, 12-15}; fixed on store. wg: the
+ * weight pairs of the slot's group, row r at wg + r * CHUNK / 2. The float
+ * factors are formed after the loop: live through it, they pushed the
+ * accumulators out of the 16 registers. */
 static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, __m256i mask,
-                                     const __m256 *f, const int R, float *acc, int d) {
+                                     const float *deq, float fs, const int R, float *acc, int d) {
     __m256i a[4], b[4];
     for (int r = 0; r < R; r++) a[r] = b[r] = _mm256_setzero_si256();
-    for (int t = 0; t < cn; t += 2) {
-        const uint8_t *ca = codes + (size_t)t * cb, *cb2 = t + 1 < cn ? ca + cb : ca;
-        __m256i xa = load_u8x16(ca), xb = load_u8x16(cb2);
+    /* whole pairs with running pointers (no per-pair index math), then an
+     * odd last token paired with itself: its partner's weight is 0 */
+    const uint8_t *ca = codes;
+    const int32_t *wt = wg;
+    for (int t = 0; t < cn; t += 2, ca += 2 * cb, wt++) {
+        __m256i xa = load_u8x16(ca), xb = load_u8x16(t + 1 < cn ? ca + cb : ca);
         __m256i lo = _mm256_and_si256(_mm256_unpacklo_epi16(xa, xb), mask);
         __m256i hi = _mm256_and_si256(_mm256_unpackhi_epi16(xa, xb), mask);
         for (int r = 0; r < R; r++) {
-            __m256i w = _mm256_set1_epi32(wg[r * (CHUNK / 2) + t / 2]);
+            __m256i w = _mm256_set1_epi32(wt[r * (CHUNK / 2)]);
             a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(lo, w));
             b[r] = _mm256_add_epi32(b[r], _mm256_madd_epi16(hi, w));
         }
     }
     for (int r = 0; r < R; r++) {
+        __m256 f = _mm256_set1_ps(deq[r] * fs);
         __m256 fa = _mm256_cvtepi32_ps(a[r]), fb = _mm256_cvtepi32_ps(b[r]);
         float *o = acc + (size_t)r * d;
         __m256 n0 = _mm256_permute2f128_ps(fa, fb, 0x20), n1 = _mm256_permute2f128_ps(fa, fb, 0x31);
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(n0, f[r], _mm256_loadu_ps(o)));
-        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(n1, f[r], _mm256_loadu_ps(o + 8)));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(n0, f, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(n1, f, _mm256_loadu_ps(o + 8)));
     }
 }
 
@@ -302,10 +331,9 @@ static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, i
     for (int u = 0; u < stride; u += 16)
         for (int j = 0; j < 8 / bits; j++) {
             int ch = j * stride + u, g = ch / G;
-            __m256 f[4];
-            for (int r = 0; r < R; r++) f[r] = _mm256_set1_ps(deq[r] * (float)(1 << shl) / (float)(1 << (bits * j)));
+            float fs = (float)(1 << shl) / (float)(1 << (bits * j));
             __m256i mask = _mm256_set1_epi16((short)(((1 << bits) - 1) << (bits * j)));
-            accum_slot(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), mask, f, R, acc + ch, d);
+            accum_slot(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), mask, deq, fs, R, acc + ch, d);
         }
 }
 
@@ -315,21 +343,29 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
     int ng = d / G, cmax = bits == 3 ? 7 : (1 << bits) - 1;
     size_t cb = code_bytes(bits, d);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
-    /* scratch: sT, zT [ng][CHUNK] (scale, zero) floats, wbuf [R][CHUNK]
+    /* scratch: mf [CHUNK][ng][2] the chunk's (scale, zero) floats as
+     * stored, sT, zT [ng][CHUNK] the same by group, wbuf [R][CHUNK]
      * weights (0 past the chunk's end), wp [ng][R][CHUNK/2] int32 weight
-     * pairs, zs [R][ng] zero terms */
-    float *sT = scratch, *zT = sT + (size_t)ng * CHUNK, *wbuf = zT + (size_t)ng * CHUNK;
+     * pairs, zv [R][ng] zero terms (8 lanes each, 32-byte aligned) */
+    float *mf = scratch, *sT = mf + (size_t)ng * 2 * CHUNK, *zT = sT + (size_t)ng * CHUNK;
+    float *wbuf = zT + (size_t)ng * CHUNK;
     int32_t *wp = (int32_t *)(wbuf + 4 * CHUNK);
-    float *zs = (float *)(wp + (size_t)ng * 4 * (CHUNK / 2));
-    memset(zs, 0, sizeof(float) * (size_t)R * ng);
+    __m256 *zv = (__m256 *)(void *)(((uintptr_t)(wp + (size_t)ng * 4 * (CHUNK / 2)) + 31) & ~(uintptr_t)31);
+    for (int i = 0; i < R * ng; i++) zv[i] = _mm256_setzero_ps();
     for (int c0 = t0; c0 < t0 + n; c0 += CHUNK) {
         int cn = t0 + n - c0 < CHUNK ? t0 + n - c0 : CHUNK;
-        for (int t = 0; t < CHUNK; t++) {
-            const uint16_t *m = meta + (size_t)(c0 + t) * ng * 2;
-            for (int g = 0; g < ng; g++) {
-                sT[g * CHUNK + t] = t < cn ? _cvtsh_ss(m[2 * g]) : 0.0f;
-                zT[g * CHUNK + t] = t < cn ? _cvtsh_ss(m[2 * g + 1]) : 0.0f;
+        /* the chunk's metadata is contiguous: convert it 8 halves at a
+         * time, then regroup by group (plain float copies) */
+        const uint16_t *m = meta + (size_t)c0 * ng * 2;
+        int nh = cn * ng * 2, i = 0;
+        for (; i + 8 <= nh; i += 8) _mm256_storeu_ps(mf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + i))));
+        for (; i < nh; i++) mf[i] = _cvtsh_ss(m[i]);
+        for (int g = 0; g < ng; g++) {
+            for (int t = 0; t < cn; t++) {
+                sT[g * CHUNK + t] = mf[(t * ng + g) * 2];
+                zT[g * CHUNK + t] = mf[(t * ng + g) * 2 + 1];
             }
+            for (int t = cn; t < CHUNK; t++) sT[g * CHUNK + t] = zT[g * CHUNK + t] = 0.0f;
         }
         float deq[4];
         for (int r = 0; r < R; r++) {
@@ -337,7 +373,7 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
             memcpy(wr, w + (size_t)r * ld + (c0 - t0), sizeof(float) * (size_t)cn);
             memset(wr + cn, 0, sizeof(float) * (size_t)(CHUNK - cn));
             deq[r] = prep_weights(wr, sT, zT, ng, cmax, wp + (size_t)r * (CHUNK / 2), (size_t)R * (CHUNK / 2),
-                                  zs + (size_t)r * ng);
+                                  zv + (size_t)r * ng);
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
         if (bits == 3) {
@@ -350,7 +386,7 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
     /* zero terms and the rounding correction, per group */
     for (int r = 0; r < R; r++)
         for (int g = 0; g < ng; g++) {
-            __m256 z = _mm256_set1_ps(zs[r * ng + g]);
+            __m256 z = _mm256_set1_ps(hsum8(zv[r * ng + g]));
             float *o = acc + (size_t)r * d + g * G;
             for (int c = 0; c < G; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), z));
         }
@@ -378,7 +414,8 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
 /* Scratch floats the two kernels above need (for 4 rows at a time). */
 size_t vq_kivi_scratch_avx2(const vq_mparams *p) {
     size_t d = (size_t)p->head_dim, ng = d / (size_t)p->group;
-    if (!p->is_value) return 4 * d + 4; /* q' [4][d], zero terms [4] */
-    /* sT, zT [ng][CHUNK], wbuf [4][CHUNK], wp [ng][4][CHUNK/2], zs [4][ng] */
-    return 2 * ng * CHUNK + 4 * CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng;
+    if (!p->is_value) return 8 * d + 4; /* q' [plane set][4][d], zero terms [4] */
+    /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], wp [ng][4][CHUNK/2],
+     * zv [4][ng][8] and 8 floats to align it */
+    return 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;
 }
