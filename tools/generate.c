@@ -6,7 +6,7 @@
 #include <string.h>
 
 int vq_cmd_generate(int argc, char **argv) {
-    const char *cmd = "generate", *dir = NULL, *prompt = NULL, *spec = "fp16";
+    const char *cmd = "generate", *dir = NULL, *prompt = NULL, *prompt_file = NULL, *spec = "fp16";
     int n_new = 128, threads = cli_default_threads(), seed = 42;
     float temp = 0.7f, top_p = 0.9f;
     for (int i = 0; i < argc; i++) {
@@ -15,6 +15,7 @@ int vq_cmd_generate(int argc, char **argv) {
         if (!v) { fprintf(stderr, "veloxquant generate: option '%s' needs a value (or is unknown)\n", a); return 2; }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "-f") || !strcmp(a, "--prompt-file")) prompt_file = v;
         else if (!strcmp(a, "-n")) rc = cli_int(cmd, "-n", v, 0, 1 << 20, &n_new);
         else if (!strcmp(a, "--kv")) spec = v;
         else if (!strcmp(a, "--temp")) rc = cli_float(cmd, "--temp", v, 0, 100, &temp);
@@ -25,10 +26,31 @@ int vq_cmd_generate(int argc, char **argv) {
         if (rc) return 2;
         i++;
     }
-    if (!prompt) { fprintf(stderr, "veloxquant generate: no prompt: give -p TEXT\n"); return 2; }
+    if (prompt && prompt_file) { fprintf(stderr, "veloxquant generate: give -p TEXT or -f FILE, not both\n"); return 2; }
+    char *file_text = NULL;
+    if (prompt_file) {
+        size_t flen;
+        file_text = cli_read_text(cmd, prompt_file, &flen);
+        if (!file_text) return 1;
+        if (strlen(file_text) != flen) {
+            fprintf(stderr, "veloxquant generate: '%s' holds a NUL byte (not text)\n", prompt_file);
+            free(file_text);
+            return 1;
+        }
+        prompt = file_text;
+    }
+    if (!prompt) { fprintf(stderr, "veloxquant generate: no prompt: give -p TEXT or -f FILE\n"); return 2; }
+    if (!*prompt) {
+        fprintf(stderr, "veloxquant generate: the prompt%s%s is empty\n", prompt_file ? " file " : "", prompt_file ? prompt_file : "");
+        free(file_text);
+        return 2;
+    }
     vq_model *m;
     vq_tokenizer *tok;
-    if (cli_load_model(cmd, dir, &m, &tok)) return 1;
+    if (cli_load_model(cmd, dir, &m, &tok)) {
+        free(file_text);
+        return 1;
+    }
     const vq_model_info *info = vq_model_get_info(m);
     int rc = 1;
     vq_cache *cache = NULL;
@@ -87,6 +109,7 @@ int vq_cmd_generate(int argc, char **argv) {
             cli_bytes((double)kv, b1, sizeof b1), cli_bytes((double)kv16, b2, sizeof b2), kv ? (double)kv16 / kv : 0.0);
     rc = 0;
 done:
+    free(file_text);
     free(ids);
     free(logits);
     free(scratch);

@@ -8,13 +8,15 @@ int vq_cmd_bench_attn(int argc, char **argv);
 int vq_cmd_generate(int argc, char **argv);
 int vq_cmd_ppl(int argc, char **argv);
 int vq_cmd_info(int argc, char **argv);
+int vq_cmd_bench_gen(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
             "veloxquant %s - compressed KV cache for transformer language models\n"
             "\n"
             "usage:\n"
-            "  veloxquant generate -m DIR -p TEXT [-n N] [--kv SPEC] [--temp T] [--top-p P] [--seed S] [--threads T]\n"
+            "  veloxquant generate -m DIR (-p TEXT | -f FILE) [-n N] [--kv SPEC] [--temp T] [--top-p P] [--seed S]\n"
+            "                      [--threads T]\n"
             "                                    generate text on the compressed cache (default -n 128,\n"
             "                                    --kv fp16, --temp 0.7, --top-p 0.9, --seed 42; --temp 0 = greedy)\n"
             "  veloxquant ppl -m DIR -f FILE [--ctx N] [--max-tokens N] [--kv SPEC] [--mode prefill|decode]\n"
@@ -23,6 +25,9 @@ static void usage(FILE *f) {
             "                                    512); --ref fp16 also reports KL(fp16||spec) and top-1 agreement\n"
             "  veloxquant info -m DIR [--kv SPEC] architecture, parameters, KV bytes per token\n"
             "  veloxquant bench attn [options]   decode attention: a KV spec vs fp16, interleaved\n"
+            "  veloxquant bench gen -m DIR [--kv SPEC] [--ctx N] [--decode N] [--runs R] [--threads T] [-f FILE] [--json]\n"
+            "                                    model prefill and decode tokens/s at context N (default 4096,\n"
+            "                                    64 decode steps, kivi:bits=2) vs fp16, interleaved\n"
             "  veloxquant help                   this text\n"
             "  veloxquant --version              version and CPU kernel level\n"
             "\n"
@@ -66,7 +71,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return vq_cmd_info(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "attn")) return vq_cmd_bench_attn(argc - 3, argv + 3);
-        fprintf(stderr, "veloxquant bench: unknown benchmark '%s' (available: attn)\n", argc >= 3 ? argv[2] : "");
+        if (argc >= 3 && !strcmp(argv[2], "gen")) return vq_cmd_bench_gen(argc - 3, argv + 3);
+        fprintf(stderr, "veloxquant bench: unknown benchmark '%s' (available: attn, gen)\n", argc >= 3 ? argv[2] : "");
         return 2;
     }
     fprintf(stderr, "veloxquant: unknown command '%s' (try 'veloxquant help')\n", cmd);
