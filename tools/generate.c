@@ -101,6 +101,7 @@ int vq_cmd_generate(int argc, char **argv) {
     }
     double t_gen = vq_time_now() - t1;
     printf("\n");
+    fflush(stdout);
     char b1[32], b2[32];
     size_t kv = vq_cache_bytes(cache), kv16 = vq_cache_bytes_fp16_equiv(cache);
     fprintf(stderr, "prompt: %zu tokens, %.1f tokens/s | generation: %d tokens, %.1f tokens/s | %d threads\n",
