@@ -113,9 +113,11 @@ def main():
             evals, evecs = torch.linalg.eigh(gram[li, h])
             f = evecs[:, -1]
             Q = torch.cat(qs_keep[li][h]).double()
+            # Sign as METHODS.md (Q-Filters) says: sgn(1^T f) > 0. The other
+            # common choice, a positive mean projection, is kept alongside.
+            if f.sum() < 0:
+                f = -f
             proj = Q @ f
-            if proj.mean() < 0:
-                f, proj = -f, -proj
             cosv = proj / Q.norm(dim=1).clamp_min(1e-12)
             fs.append(f)
             heads.append({
@@ -123,11 +125,12 @@ def main():
                 "sink_mass": round(sink[li, h].item(), 4),
                 "sink4_mass": round(sink4[li, h].item(), 4),
                 "q_mean_cos_first_sv": round(cosv.mean().item(), 4),
+                "q_mean_cos_first_sv_meanproj_sign": round(cosv.mean().item() * (1 if proj.mean() > 0 else -1), 4),
                 "q_mean_abs_cos_first_sv": round(cosv.abs().mean().item(), 4),
                 "q_energy_first_sv": round((evals[-1] / evals.sum()).item(), 4),
                 "q_mean_projection": round(proj.mean().item(), 3),
                 "q_mean_norm": round(Q.norm(dim=1).mean().item(), 3),
-                "filter_sum_positive": bool(f.sum() > 0),
+                "mean_projection_positive": bool(proj.mean() > 0),
             })
         for g in range(KV):
             m = kabs[li, g]
@@ -161,21 +164,23 @@ def main():
           "- **K spread**: for the kv head that the query head reads, max / median over the 128 channels of "
           "mean |k_c| (after RoPE; before RoPE in brackets); **top ch**: the largest channels.",
           "- **Q cos**: mean cosine between the queries and f, the first right singular vector of the head's "
-          "uncentered query matrix, signed so that the mean projection is positive (Q-Filters); "
-          "**Q |cos|**: mean absolute cosine; **Q energy**: s1^2 / sum s_i^2.",
-          "", "| layer | head | kv | sink | sink4 | K spread | top ch | Q cos | Q abs cos | Q energy |",
-          "| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+          "uncentered query matrix, with the sign of METHODS.md (Q-Filters): sgn(1^T f) > 0; a negative value "
+          "means the queries point against f; **Q cos+**: the same with f signed so the mean projection is "
+          "positive; **Q |cos|**: mean absolute cosine; **Q energy**: s1^2 / sum s_i^2.",
+          "", "| layer | head | kv | sink | sink4 | K spread | top ch | Q cos | Q cos+ | Q abs cos | Q energy |",
+          "| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
     for lay in layers:
         for h in lay["heads"]:
             kv = lay["kv_heads"][h["kv_head"]]
             md.append(f"| {lay['layer']} | {h['head']} | {h['kv_head']} | {h['sink_mass']:.3f} | "
                       f"{h['sink4_mass']:.3f} | {kv['key_channel_spread_max_over_median']:.2f} "
                       f"({kv['key_channel_spread_pre_rope']:.2f}) | {', '.join(map(str, kv['top_channels'][:3]))} | "
-                      f"{h['q_mean_cos_first_sv']:.3f} | {h['q_mean_abs_cos_first_sv']:.3f} | "
+                      f"{h['q_mean_cos_first_sv']:.3f} | {h['q_mean_cos_first_sv_meanproj_sign']:.3f} | "
+                      f"{h['q_mean_abs_cos_first_sv']:.3f} | "
                       f"{h['q_energy_first_sv']:.3f} |")
     md.append("")
-    md.append("Per-GQA-group Q-Filters vectors (mean of the group's two f, normalized) are in `stats.json` "
-              "under `layers[i].qfilter[kv_head]`.")
+    md.append("Per-GQA-group Q-Filters vectors (mean of the group's sign-anchored f, normalized) are in "
+              "`stats.json` under `layers[i].qfilter[kv_head]`.")
     with open(a.out_md, "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
