@@ -19,6 +19,10 @@ vq_status vq_fail(vq_status s, const char *fmt, ...)
 
 /* ---------------------------------------------------------------- methods */
 
+/* Most codebooks one method instance uses (PolarQuant: one per level of a
+ * 1024-dim head). */
+#define VQ_MAX_LEVELS 10
+
 /* Parameters of one method instance (the parsed "METHOD:key=value,..."). A
  * method reads only the fields it declares; the rest stay 0. */
 typedef struct {
@@ -28,6 +32,18 @@ typedef struct {
     int bits;        /* kivi */
     int group;       /* kivi */
     int residual;    /* tokens kept in the fp16 window (KIVI's R) */
+    /* The rotation-and-codebook methods (tq-mse, tq-prod, rvq, qjl, polar). */
+    double rate;     /* tq-mse: bits per coordinate (1, 2, 3, 4, 2.5, 3.5) */
+    int hi_channels; /* tq-mse: rotated coordinates that get bits + 1 */
+    int sketch;      /* qjl: rows m of the Gaussian projection */
+    int outliers;    /* qjl: channels per vector kept exact */
+    int levels;      /* polar: recursion levels L (blocks of 2^L coordinates) */
+    int level_bits[VQ_MAX_LEVELS]; /* polar: angle bits by level */
+    uint64_t seed;   /* rotation and projection seed */
+    /* Filled by finish(): process-wide shared objects (core/rotate.h). */
+    const struct vq_rotation *rot;
+    const float *proj; /* m x d Gaussian projection (qjl, tq-prod) */
+    const struct vq_codebook *cb[VQ_MAX_LEVELS];
 } vq_mparams;
 
 /*
@@ -94,6 +110,11 @@ typedef struct vq_method {
 
 extern const vq_method vq_method_fp16;
 extern const vq_method vq_method_kivi;
+extern const vq_method vq_method_tq_mse;
+extern const vq_method vq_method_tq_prod;
+extern const vq_method vq_method_rvq;
+extern const vq_method vq_method_qjl;
+extern const vq_method vq_method_polar;
 
 /* Looks a method up by name; NULL if unknown. */
 const vq_method *vq_method_find(const char *name);

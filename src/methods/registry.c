@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static const vq_method *const methods[] = {&vq_method_fp16, &vq_method_kivi};
+static const vq_method *const methods[] = {&vq_method_fp16, &vq_method_kivi, &vq_method_tq_mse, &vq_method_tq_prod,
+                                           &vq_method_rvq, &vq_method_qjl, &vq_method_polar};
 #define N_METHODS (sizeof methods / sizeof methods[0])
 
 const vq_method *vq_method_find(const char *name) {
@@ -16,7 +17,7 @@ const vq_method *vq_method_find(const char *name) {
     return NULL;
 }
 
-const char *vq_method_names(void) { return "fp16, kivi"; }
+const char *vq_method_names(void) { return "fp16, kivi, tq-mse, tq-prod, rvq, qjl, polar"; }
 
 /* Parses "name[:k=v,...]" (len bytes of s) into p. */
 static vq_status parse_one(const char *s, size_t len, int head_dim, bool is_value, vq_mparams *p) {

@@ -1,0 +1,292 @@
+/* PolarQuant (Han et al., "PolarQuant: Quantizing KV Caches with Polar
+ * Transformation", arXiv 2502.02617).
+ *
+ * After a seeded random rotation u = R x, each block of B = 2^L consecutive
+ * coordinates is turned into polar form recursively: level 1 maps the B/2
+ * pairs (u_2i, u_2i+1) to radii and angles atan2(u_2i+1, u_2i) in [0, 2 pi);
+ * level l > 1 pairs the radii of level l - 1 and keeps atan2(r_2i+1, r_2i)
+ * in [0, pi/2]; after L levels one radius is left (fp16). The rotation makes
+ * the angle distributions known in advance: uniform at level 1, density
+ * ~ sin(2 psi)^(2^(l-1) - 1) at level l, which concentrates around pi/4. So
+ * the angles use fixed codebooks (uniform at level 1, Lloyd-Max above) and
+ * no per-block scale. Decoding multiplies the radius by the cosines/sines
+ * down the tree.
+ *
+ * bits=a/b/c/... gives the angle bits by level (1..4 each; as many levels
+ * as entries, 2^L must divide d). The default 4/2/2/2 is the paper's
+ * setting: per 16 coordinates 8*4 + 4*2 + 2*2 + 1*2 = 46 bits of angles and
+ * a 16-bit radius, 3.875 bits/elem.
+ *
+ * Block payload: fp16 radii [block_tokens][d / B], then per token the angle
+ * codes as one little-endian bit stream (for each coordinate block: level 1
+ * angles, then level 2, ...) rounded up to whole bytes.
+ * bits/elem = (8 * code bytes + 16 d / B) / d: 3.875 for 4/2/2/2 at d = 128.
+ *
+ * Attention: the query is rotated once; a key block of B coordinates is
+ * rebuilt from its radius and angle codes into B floats on the stack
+ * (B = 16 by default: two vector registers) and dotted with every query row
+ * before the next block; values add the rebuilt block times the weight in
+ * the rotated domain and finish_rows applies R^T. */
+#include "rotated.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char NAME[] = "polar";
+static const double TWO_PI = 6.283185307179586;
+
+static vq_status polar_set_option(vq_mparams *p, const char *key, const char *value) {
+    if (strcmp(key, "bits") == 0) {
+        int n = 0;
+        const char *s = value;
+        for (;;) {
+            if (n == VQ_MAX_LEVELS)
+                return vq_fail(VQ_ERR_ARG, "%s: bits='%s' has more than %d levels", NAME, value, VQ_MAX_LEVELS);
+            if (*s < '1' || *s > '4' || (s[1] != 0 && s[1] != '/'))
+                return vq_fail(VQ_ERR_ARG, "%s: bits='%s' is not a list of angle bits by level (each 1..4, "
+                               "separated by '/', e.g. 4/2/2/2)", NAME, value);
+            p->level_bits[n++] = *s - '0';
+            if (s[1] == 0) break;
+            s += 2;
+        }
+        p->levels = n;
+        return VQ_OK;
+    }
+    if (strcmp(key, "seed") == 0) return vq_opt_seed(NAME, value, &p->seed);
+    if (strcmp(key, "residual") == 0) return vq_opt_int(NAME, key, value, 0, 4096, 1, "0..4096", &p->residual);
+    return vq_fail(VQ_ERR_ARG, "%s: unknown option '%s' (options: bits, seed, residual)", NAME, key);
+}
+
+static vq_status polar_finish(vq_mparams *p) {
+    if (p->levels == 0) {
+        const int paper[4] = {4, 2, 2, 2};
+        p->levels = 4;
+        memcpy(p->level_bits, paper, sizeof paper);
+    }
+    if (p->residual < 0) p->residual = 0;
+    int d = p->head_dim, B = 1 << p->levels;
+    if (d < 2 || d > 1024 || d % B != 0)
+        return vq_fail(VQ_ERR_ARG, "%s: head dim %d is not supported with %d levels (a multiple of %d, at most 1024)",
+                       NAME, d, p->levels, B);
+    p->rot = vq_rotation_get(d, p->seed);
+    if (!p->rot) return VQ_ERR_NOMEM;
+    for (int l = 1; l < p->levels; l++) {
+        p->cb[l] = vq_codebook_get(VQ_DENSITY_POLAR_ANGLE, 1 << l, p->level_bits[l]);
+        if (!p->cb[l]) return VQ_ERR_NOMEM;
+    }
+    return VQ_OK;
+}
+
+static void polar_describe(const vq_mparams *p, char *buf, size_t size) {
+    char bits[32];
+    int len = 0;
+    for (int l = 0; l < p->levels; l++)
+        len += snprintf(bits + len, sizeof bits - (size_t)len, l ? "/%d" : "%d", p->level_bits[l]);
+    snprintf(buf, size, "%s:bits=%s,seed=%llu,residual=%d", NAME, bits, (unsigned long long)p->seed, p->residual);
+}
+
+static int polar_token_group(const vq_mparams *p) {
+    (void)p;
+    return 1;
+}
+
+/* Angle bits of one coordinate block. */
+static int block_bits(const vq_mparams *p) {
+    int bits = 0, B = 1 << p->levels;
+    for (int l = 0; l < p->levels; l++) bits += p->level_bits[l] * (B >> (l + 1));
+    return bits;
+}
+static int n_blocks(const vq_mparams *p) { return p->head_dim >> p->levels; }
+static size_t code_bytes(const vq_mparams *p) { return ((size_t)block_bits(p) * n_blocks(p) + 7) / 8; }
+
+static size_t polar_block_bytes(const vq_mparams *p, int bt) {
+    return (size_t)bt * (code_bytes(p) + 2 * (size_t)n_blocks(p));
+}
+
+static double polar_bits(const vq_mparams *p) {
+    return (8.0 * (double)code_bytes(p) + 16.0 * n_blocks(p)) / p->head_dim;
+}
+
+/* The codes of token t (after the radii). */
+static uint8_t *codes_at(const vq_mparams *p, const uint8_t *blk, int bt, int t) {
+    return (uint8_t *)blk + (size_t)bt * 2 * n_blocks(p) + (size_t)t * code_bytes(p);
+}
+
+static void put_bits(uint8_t *s, size_t pos, int bits, int v) {
+    for (int i = 0; i < bits; i++, pos++)
+        if ((v >> i) & 1) s[pos / 8] |= (uint8_t)(1u << (pos % 8));
+}
+
+static int get_bits(const uint8_t *s, size_t pos, int bits) {
+    unsigned v = s[pos / 8] >> (pos % 8);
+    if (pos % 8 + (size_t)bits > 8) v |= (unsigned)s[pos / 8 + 1] << (8 - pos % 8);
+    return (int)(v & ((1u << bits) - 1));
+}
+
+/* The cosine and sine of every level's angle levels. */
+typedef struct {
+    float cs[VQ_MAX_LEVELS][16], sn[VQ_MAX_LEVELS][16];
+} trig;
+
+static void trig_init(const vq_mparams *p, trig *tr) {
+    int n1 = 1 << p->level_bits[0];
+    for (int c = 0; c < n1; c++) {
+        double a = (c + 0.5) * TWO_PI / n1;
+        tr->cs[0][c] = (float)cos(a);
+        tr->sn[0][c] = (float)sin(a);
+    }
+    for (int l = 1; l < p->levels; l++)
+        for (int c = 0; c < p->cb[l]->n; c++) {
+            tr->cs[l][c] = cosf(p->cb[l]->centroid[c]);
+            tr->sn[l][c] = sinf(p->cb[l]->centroid[c]);
+        }
+}
+
+/* Rebuilds coordinate block k of a token into val[0..B) from the codes
+ * (bit stream s) and the radius. */
+static void rebuild(const vq_mparams *p, const trig *tr, const uint8_t *s, int k, float radius, float *val) {
+    int L = p->levels, B = 1 << L;
+    size_t base = (size_t)k * block_bits(p);
+    /* bit offset of each level's first angle in this block */
+    size_t off[VQ_MAX_LEVELS];
+    size_t pos = base;
+    for (int l = 0; l < L; l++) {
+        off[l] = pos;
+        pos += (size_t)p->level_bits[l] * (B >> (l + 1));
+    }
+    val[0] = radius;
+    for (int l = L - 1; l >= 0; l--) {
+        int nodes = B >> (l + 1), bits = p->level_bits[l];
+        for (int i = nodes - 1; i >= 0; i--) {
+            int c = get_bits(s, off[l] + (size_t)i * bits, bits);
+            float r = val[i];
+            val[2 * i] = r * tr->cs[l][c];
+            val[2 * i + 1] = r * tr->sn[l][c];
+        }
+    }
+}
+
+static void polar_encode(const vq_mparams *p, const float *x, size_t x_stride, int n, uint8_t *blk, int bt,
+                         int t0) {
+    int L = p->levels, B = 1 << L, nb = n_blocks(p);
+    size_t cb = code_bytes(p);
+    uint16_t *rad = (uint16_t *)blk;
+    float u[1024];
+    for (int t = 0; t < n; t++) {
+        vq_rotate(p->rot, x + (size_t)t * x_stride, u);
+        uint8_t *s = codes_at(p, blk, bt, t0 + t);
+        memset(s, 0, cb);
+        size_t pos = 0;
+        for (int k = 0; k < nb; k++) {
+            float *v = u + k * B; /* radii overwrite the block in place, level by level */
+            for (int l = 0; l < L; l++) {
+                int nodes = B >> (l + 1), bits = p->level_bits[l], nc = 1 << bits;
+                for (int i = 0; i < nodes; i++) {
+                    double a = v[2 * i], b = v[2 * i + 1], psi = atan2(b, a);
+                    int c;
+                    if (l == 0) {
+                        if (psi < 0) psi += TWO_PI;
+                        c = (int)(psi * nc / TWO_PI);
+                        if (c >= nc) c = nc - 1;
+                    } else {
+                        c = vq_codebook_quantize(p->cb[l], (float)psi);
+                    }
+                    put_bits(s, pos, bits, c);
+                    pos += (size_t)bits;
+                    v[i] = (float)sqrt(a * a + b * b);
+                }
+            }
+            rad[(size_t)(t0 + t) * nb + k] = vq_f32_to_f16(v[0]);
+        }
+    }
+}
+
+static void polar_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, int n, float *out) {
+    int d = p->head_dim, B = 1 << p->levels, nb = n_blocks(p);
+    const uint16_t *rad = (const uint16_t *)blk;
+    trig tr;
+    trig_init(p, &tr);
+    for (int t = t0; t < t0 + n; t++) {
+        float *o = out + (size_t)(t - t0) * d;
+        for (int k = 0; k < nb; k++)
+            rebuild(p, &tr, codes_at(p, blk, bt, t), k, vq_f16_to_f32(rad[(size_t)t * nb + k]), o + k * B);
+        vq_rotate_inverse(p->rot, o, o);
+    }
+}
+
+static size_t polar_prep_floats(const vq_mparams *p) { return (size_t)p->head_dim; }
+
+static void polar_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
+    int d = p->head_dim;
+    for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, prep + (size_t)r * d);
+}
+
+static void polar_finish_rows(const vq_mparams *p, float *acc, int rows) {
+    int d = p->head_dim;
+    for (int r = 0; r < rows; r++) vq_rotate_inverse(p->rot, acc + (size_t)r * d, acc + (size_t)r * d);
+}
+
+static size_t polar_scratch(const vq_mparams *p, int rows) {
+    (void)p;
+    (void)rows;
+    return 0;
+}
+
+static void polar_score(const vq_mparams *p, const float *q, int rows, const uint8_t *blk, int bt, int t0, int n,
+                        float *logits, int ld, float *scratch) {
+    (void)scratch;
+    int d = p->head_dim, B = 1 << p->levels, nb = n_blocks(p);
+    const uint16_t *rad = (const uint16_t *)blk;
+    trig tr;
+    trig_init(p, &tr);
+    float val[1024];
+    for (int j = 0; j < n; j++) {
+        int t = t0 + j;
+        for (int r = 0; r < rows; r++) logits[(size_t)r * ld + j] = 0;
+        for (int k = 0; k < nb; k++) {
+            rebuild(p, &tr, codes_at(p, blk, bt, t), k, vq_f16_to_f32(rad[(size_t)t * nb + k]), val);
+            for (int r = 0; r < rows; r++)
+                logits[(size_t)r * ld + j] += vq_vec_dot(q + (size_t)r * d + k * B, val, B);
+        }
+    }
+}
+
+static void polar_accum(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk, int bt, int t0,
+                        int n, float *acc, float *scratch) {
+    (void)scratch;
+    int d = p->head_dim, B = 1 << p->levels, nb = n_blocks(p);
+    const uint16_t *rad = (const uint16_t *)blk;
+    trig tr;
+    trig_init(p, &tr);
+    float val[1024];
+    for (int j = 0; j < n; j++) {
+        int t = t0 + j;
+        for (int k = 0; k < nb; k++) {
+            rebuild(p, &tr, codes_at(p, blk, bt, t), k, vq_f16_to_f32(rad[(size_t)t * nb + k]), val);
+            for (int r = 0; r < rows; r++) {
+                float wt = w[(size_t)r * ld + j];
+                if (wt != 0) vq_vec_axpy(wt, val, acc + (size_t)r * d + k * B, B);
+            }
+        }
+    }
+}
+
+const vq_method vq_method_polar = {
+    .name = "polar",
+    .set_option = polar_set_option,
+    .finish = polar_finish,
+    .describe = polar_describe,
+    .token_group = polar_token_group,
+    .block_bytes = polar_block_bytes,
+    .bits_per_elem = polar_bits,
+    .encode = polar_encode,
+    .decode = polar_decode,
+    .prep_floats = polar_prep_floats,
+    .prep_query = polar_prep_query,
+    .finish_rows = polar_finish_rows,
+    .scratch_floats = polar_scratch,
+    .score = polar_score,
+    .accum = polar_accum,
+};

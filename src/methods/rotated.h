@@ -1,0 +1,49 @@
+/* Helpers shared by the rotation-and-codebook methods (turboquant_mse.c,
+ * turboquant_prod.c, rvq.c, qjl.c, polarquant.c): option parsing with the
+ * messages every method gives, and the kernels that read codes directly.
+ *
+ * A "table" is the per-coordinate scalar codebook of a method (<= 16
+ * levels); codes are packed with vq_pack_codes (pack.h). Sign sketches are
+ * m bits, bit i in byte i / 8 at bit i % 8, 1 meaning +1. */
+#ifndef VQ_ROTATED_H
+#define VQ_ROTATED_H
+
+#include "core/rotate.h"
+#include "vq_internal.h"
+
+/* Parses an integer option of `method`: lo..hi, and a multiple of `step`
+ * (1: any); `allowed` describes the valid values for the message. */
+vq_status vq_opt_int(const char *method, const char *key, const char *value, long lo, long hi, long step,
+                     const char *allowed, int *out);
+/* Parses seed=N (an unsigned 64-bit integer). */
+vq_status vq_opt_seed(const char *method, const char *value, uint64_t *out);
+
+/* sum_c q[c] * table[code_c] over the d packed codes (bits 1..4). */
+float vq_codes_dot(const uint8_t *packed, int d, int bits, const float *table, const float *q);
+/* out[r] = vq_codes_dot(packed, ..., q + r * q_stride) for r < rows, with
+ * each code read once for all rows. */
+void vq_codes_dot_rows(const uint8_t *packed, int d, int bits, const float *table, const float *q, size_t q_stride,
+                       int rows, float *out);
+/* acc[c] += w * table[code_c] over the d packed codes. */
+void vq_codes_axpy(const uint8_t *packed, int d, int bits, const float *table, float w, float *acc);
+/* acc[r * acc_stride + c] += w[r] * table[code_c] for r < rows, each code
+ * read once for all rows. */
+void vq_codes_axpy_rows(const uint8_t *packed, int d, int bits, const float *table, const float *w, int rows,
+                        float *acc, size_t acc_stride);
+
+/* Writes the m signs of y (y >= 0 -> bit set). */
+void vq_signs_pack(const float *y, int m, uint8_t *out);
+/* sum_i s_i * v[i], s_i = +1 / -1 from the m sign bits. */
+float vq_signs_dot(const uint8_t *signs, int m, const float *v);
+/* acc[i] += w * s_i. */
+void vq_signs_axpy(const uint8_t *signs, int m, float w, float *acc);
+
+/* y[0..m) = S x for the m x d row-major S. */
+void vq_project(const float *s, int m, int d, const float *x, float *y);
+/* x[0..d) += S^T y for the m x d row-major S. */
+void vq_project_transpose_add(const float *s, int m, int d, const float *y, float *x);
+
+/* The Euclidean norm of x[0..d) in double. */
+double vq_norm(const float *x, int d);
+
+#endif
