@@ -70,7 +70,10 @@ static double run_case(const char *spec, int hq, int hkv, int d, int seq, int n_
 
 int main(void) {
     const char *specs[] = {"fp16", "kivi:bits=2", "kivi:bits=3,group=64", "kivi:bits=4,group=128,residual=32",
-                           "kivi:bits=8,residual=0", "k=kivi:bits=4;v=kivi:bits=2,group=64", "k=fp16;v=kivi:bits=2"};
+                           "kivi:bits=8,residual=0", "k=kivi:bits=4;v=kivi:bits=2,group=64", "k=fp16;v=kivi:bits=2",
+                           /* rotation methods: prepared queries and values summed in the rotated domain */
+                           "tq-mse:bits=2,residual=16", "tq-mse:bits=3.5", "k=qjl:outliers=2;v=tq-mse:bits=3",
+                           "tq-prod:bits=3,residual=8", "rvq:bits=1", "k=polar;v=rvq:bits=2,residual=40"};
     int n_specs = (int)(sizeof specs / sizeof specs[0]);
     vq_pool *pool;
     vq_pool_create(2, &pool);
