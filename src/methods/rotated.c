@@ -16,6 +16,12 @@ float vq_signs_dot_avx2(const uint8_t *signs, int m, const float *v);
 bool vq_codes_axpy_rows_avx2(const uint8_t *packed, int d, int bits, const float *table, const float *w, int rows,
                              float *acc, size_t acc_stride);
 void vq_signs_axpy_avx2(const uint8_t *signs, int m, float w, float *acc);
+/* kernels/cpu/rotated_avx2.c */
+bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
+                         const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
+                         float *scratch);
+bool vq_codes_accum_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
+                         const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d);
 
 vq_status vq_opt_int(const char *method, const char *key, const char *value, long lo, long hi, long step,
                      const char *allowed, int *out) {
@@ -101,6 +107,47 @@ void vq_codes_axpy_rows(const uint8_t *packed, int d, int bits, const float *tab
 #endif
     for (int r = 0; r < rows; r++)
         if (w[r] != 0) vq_codes_axpy(packed, d, bits, table, w[r], acc + (size_t)r * acc_stride);
+}
+
+void vq_codes_score(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb, const uint16_t *norms,
+                    int n, const float *q, int d, int rows, float *logits, int ld, float *scratch) {
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2() && vq_codes_score_avx2(parts, nparts, codes, cb, norms, n, q, d, rows, logits, ld, scratch))
+        return;
+#endif
+    for (int t = 0; t < n; t++) {
+        const uint8_t *ct = codes + (size_t)t * cb;
+        int ch = 0;
+        for (int k = 0; k < nparts; k++) {
+            const vq_code_part *p = &parts[k];
+            vq_codes_dot_rows(ct + p->off, p->n, p->bits, p->table, q + ch, (size_t)d, rows, scratch + k * rows);
+            ch += p->n;
+        }
+        float len = vq_f16_to_f32(norms[t]);
+        for (int r = 0; r < rows; r++) {
+            float s = 0;
+            for (int k = 0; k < nparts; k++) s += scratch[k * rows + r];
+            logits[(size_t)r * ld + t] = len * s;
+        }
+    }
+}
+
+void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb, const uint16_t *norms,
+                    int n, const float *w, int ld, int rows, float *acc, int d, float *scratch) {
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2() && vq_codes_accum_avx2(parts, nparts, codes, cb, norms, n, w, ld, rows, acc, d)) return;
+#endif
+    for (int t = 0; t < n; t++) {
+        const uint8_t *ct = codes + (size_t)t * cb;
+        float len = vq_f16_to_f32(norms[t]);
+        for (int r = 0; r < rows; r++) scratch[r] = w[(size_t)r * ld + t] * len;
+        int ch = 0;
+        for (int k = 0; k < nparts; k++) {
+            const vq_code_part *p = &parts[k];
+            vq_codes_axpy_rows(ct + p->off, p->n, p->bits, p->table, scratch, rows, acc + ch, (size_t)d);
+            ch += p->n;
+        }
+    }
 }
 
 void vq_signs_pack(const float *y, int m, uint8_t *out) {

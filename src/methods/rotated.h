@@ -31,6 +31,29 @@ void vq_codes_axpy(const uint8_t *packed, int d, int bits, const float *table, f
 void vq_codes_axpy_rows(const uint8_t *packed, int d, int bits, const float *table, const float *w, int rows,
                         float *acc, size_t acc_stride);
 
+/* One run of a token's codes: n channels at `bits` (1..4) with levels
+ * table, packed with vq_pack_codes starting `off` bytes into the token's
+ * codes. A token's parts cover its channels in order (tq-mse at a
+ * fractional rate: the b+1-bit part, then the b-bit part). */
+typedef struct {
+    int off, n, bits;
+    const float *table;
+} vq_code_part;
+
+/* Attention straight from codes for the rotation methods. Token t's codes
+ * start at codes + t * cb, its fp16 norm is norms[t]; q and acc rows are d
+ * floats apart (the rotated domain).
+ * Score: logits[r * ld + t] = norms[t] * sum_c q[r][c] * level_t[c].
+ * Accum: acc[r][c] += sum_t w[r * ld + t] * norms[t] * level_t[c].
+ * scratch: vq_codes_scratch(d, rows) floats (both). */
+/* Scratch floats of vq_codes_score and vq_codes_accum: q of 4 rows in the
+ * AVX2 kernel's reading order, or the scalar path's per-part row sums. */
+static inline size_t vq_codes_scratch(int d, int rows) { return 4 * (size_t)d + 2 * (size_t)rows; }
+void vq_codes_score(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb, const uint16_t *norms,
+                    int n, const float *q, int d, int rows, float *logits, int ld, float *scratch);
+void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb, const uint16_t *norms,
+                    int n, const float *w, int ld, int rows, float *acc, int d, float *scratch);
+
 /* Writes the m signs of y (y >= 0 -> bit set). */
 void vq_signs_pack(const float *y, int m, uint8_t *out);
 /* sum_i s_i * v[i], s_i = +1 / -1 from the m sign bits. */

@@ -119,40 +119,26 @@ static void rvq_finish_rows(const vq_mparams *p, float *acc, int rows) {
     for (int r = 0; r < rows; r++) vq_rotate_inverse(p->rot, acc + (size_t)r * d, acc + (size_t)r * d);
 }
 
-/* score(): the per-row sums of one token; accum(): its per-row weights */
-static size_t rvq_scratch(const vq_mparams *p, int rows) {
-    (void)p;
-    return (size_t)rows;
-}
+static size_t rvq_scratch(const vq_mparams *p, int rows) { return vq_codes_scratch(p->head_dim, rows); }
 
 static void rvq_score(const vq_mparams *p, const float *q, int rows, const uint8_t *blk, int bt, int t0, int n,
                       float *logits, int ld, float *scratch) {
-    int d = p->head_dim;
     float s1, s2, level[16];
     stages(p, &s1, &s2, level);
     size_t cb = code_bytes(p);
     const uint16_t *nrm = (const uint16_t *)(blk + (size_t)bt * cb);
-    for (int j = 0; j < n; j++) {
-        const uint8_t *codes = blk + (size_t)(t0 + j) * cb;
-        float len = vq_f16_to_f32(nrm[t0 + j]);
-        vq_codes_dot_rows(codes, d, 2 * p->bits, level, q, (size_t)d, rows, scratch);
-        for (int r = 0; r < rows; r++) logits[(size_t)r * ld + j] = len * scratch[r];
-    }
+    vq_code_part part = {0, p->head_dim, 2 * p->bits, level};
+    vq_codes_score(&part, 1, blk + (size_t)t0 * cb, cb, nrm + t0, n, q, p->head_dim, rows, logits, ld, scratch);
 }
 
 static void rvq_accum(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk, int bt, int t0,
                       int n, float *acc, float *scratch) {
-    int d = p->head_dim;
     float s1, s2, level[16];
     stages(p, &s1, &s2, level);
     size_t cb = code_bytes(p);
     const uint16_t *nrm = (const uint16_t *)(blk + (size_t)bt * cb);
-    for (int j = 0; j < n; j++) {
-        const uint8_t *codes = blk + (size_t)(t0 + j) * cb;
-        float len = vq_f16_to_f32(nrm[t0 + j]);
-        for (int r = 0; r < rows; r++) scratch[r] = w[(size_t)r * ld + j] * len;
-        vq_codes_axpy_rows(codes, d, 2 * p->bits, level, scratch, rows, acc, (size_t)d);
-    }
+    vq_code_part part = {0, p->head_dim, 2 * p->bits, level};
+    vq_codes_accum(&part, 1, blk + (size_t)t0 * cb, cb, nrm + t0, n, w, ld, rows, acc, p->head_dim, scratch);
 }
 
 const vq_method vq_method_rvq = {

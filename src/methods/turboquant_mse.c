@@ -141,41 +141,33 @@ static void mse_finish_rows(const vq_mparams *p, float *acc, int rows) {
     for (int r = 0; r < rows; r++) vq_rotate_inverse(p->rot, acc + (size_t)r * d, acc + (size_t)r * d);
 }
 
-/* Each token's codes are read once for all rows: score() keeps the per-row
- * sums of the lo and hi parts in scratch, accum() the per-row weights. */
-static size_t mse_scratch(const vq_mparams *p, int rows) {
-    (void)p;
-    return 2 * (size_t)rows;
+/* The runs of one token's codes: the hi part (fractional rates), then the
+ * lo part; returns their count. */
+static int code_parts(const vq_mparams *p, vq_code_part parts[2]) {
+    int d = p->head_dim, h = p->hi_channels, k = 0;
+    if (h) parts[k++] = (vq_code_part){0, h, p->bits + 1, p->cb[1]->centroid};
+    parts[k++] = (vq_code_part){(int)hi_bytes(p), d - h, p->bits, p->cb[0]->centroid};
+    return k;
 }
+
+static size_t mse_scratch(const vq_mparams *p, int rows) { return vq_codes_scratch(p->head_dim, rows); }
 
 static void mse_score(const vq_mparams *p, const float *q, int rows, const uint8_t *blk, int bt, int t0, int n,
                       float *logits, int ld, float *scratch) {
-    int d = p->head_dim, h = p->hi_channels;
-    size_t cb = code_bytes(p), hb = hi_bytes(p);
-    const uint16_t *nrm = norms(p, blk, bt);
-    float *lo_sum = scratch, *hi_sum = scratch + rows;
-    for (int j = 0; j < n; j++) {
-        const uint8_t *codes = blk + (size_t)(t0 + j) * cb;
-        float len = vq_f16_to_f32(nrm[t0 + j]);
-        vq_codes_dot_rows(codes + hb, d - h, p->bits, p->cb[0]->centroid, q + h, (size_t)d, rows, lo_sum);
-        if (h) vq_codes_dot_rows(codes, h, p->bits + 1, p->cb[1]->centroid, q, (size_t)d, rows, hi_sum);
-        for (int r = 0; r < rows; r++) logits[(size_t)r * ld + j] = len * (lo_sum[r] + (h ? hi_sum[r] : 0.0f));
-    }
+    vq_code_part parts[2];
+    int np = code_parts(p, parts);
+    size_t cb = code_bytes(p);
+    vq_codes_score(parts, np, blk + (size_t)t0 * cb, cb, norms(p, blk, bt) + t0, n, q, p->head_dim, rows, logits,
+                   ld, scratch);
 }
 
 static void mse_accum(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk, int bt, int t0,
                       int n, float *acc, float *scratch) {
-    int d = p->head_dim, h = p->hi_channels;
-    size_t cb = code_bytes(p), hb = hi_bytes(p);
-    const uint16_t *nrm = norms(p, blk, bt);
-    float *wl = scratch; /* [rows] weight times norm of one token */
-    for (int j = 0; j < n; j++) {
-        const uint8_t *codes = blk + (size_t)(t0 + j) * cb;
-        float len = vq_f16_to_f32(nrm[t0 + j]);
-        for (int r = 0; r < rows; r++) wl[r] = w[(size_t)r * ld + j] * len;
-        if (h) vq_codes_axpy_rows(codes, h, p->bits + 1, p->cb[1]->centroid, wl, rows, acc, (size_t)d);
-        vq_codes_axpy_rows(codes + hb, d - h, p->bits, p->cb[0]->centroid, wl, rows, acc + h, (size_t)d);
-    }
+    vq_code_part parts[2];
+    int np = code_parts(p, parts);
+    size_t cb = code_bytes(p);
+    vq_codes_accum(parts, np, blk + (size_t)t0 * cb, cb, norms(p, blk, bt) + t0, n, w, ld, rows, acc, p->head_dim,
+                   scratch);
 }
 
 const vq_method vq_method_tq_mse = {

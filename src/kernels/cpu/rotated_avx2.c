@@ -1,0 +1,290 @@
+/* AVX2 attention kernels of the rotation methods (tq-mse, rvq): scores and
+ * value sums straight from the packed codes (methods/rotated.h,
+ * vq_codes_score / vq_codes_accum). Built with -mavx2 -mfma -mf16c and only
+ * called after the CPU was checked.
+ *
+ * A code becomes its level in registers: the lanes hold the code bytes
+ * zero-extended, shifted so the code sits in the low bits, and vpermps
+ * picks the level by the low 3 bits. 1- and 2-bit tables are replicated to
+ * 8 entries so the bits above the code need no mask. 4 bits: two lookups (low
+ * and high 8 levels) and a blend on bit 3. 3 bits: the low 2 bits from the
+ * 2-bit planes index two replicated 4-entry tables, the high bit (1-bit
+ * planes) is shifted to the sign and picks one with a blend.
+ *
+ * Keys: 2 tokens and up to 4 rows per step, so each level vector feeds every
+ * row and each q load two tokens; the 8 (row, token) sums are reduced with
+ * one hadd tree and scaled by the two norms at once.
+ * Values: the norm is folded into the weights once per token; channels go
+ * outer (accumulators for up to 4 rows x 16 channels stay in registers over
+ * a run of tokens), tokens inner. */
+#include "methods/rotated.h"
+
+#include <immintrin.h>
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+/* Tokens whose norm-scaled weights are prepared at once (stack buffer). */
+#define TOKENS 64
+
+/* Whether every 8-channel run of the part sits in 8 consecutive bytes. */
+static bool part_covered(const vq_code_part *p) {
+    if (p->n % 8 != 0) return false;
+    if (p->bits == 3) return p->n % 64 == 0;
+    if (p->bits != 1 && p->bits != 2 && p->bits != 4) return false;
+    return (p->n * p->bits / 8) % 8 == 0;
+}
+
+/* The two lookup tables of a part (see the top of the file). */
+static void part_tables(const vq_code_part *p, float t[16]) {
+    for (int i = 0; i < 8; i++) {
+        switch (p->bits) {
+        case 1: t[i] = p->table[i & 1], t[8 + i] = 0; break;
+        case 2: t[i] = p->table[i & 3], t[8 + i] = 0; break;
+        case 3: t[i] = p->table[i & 3], t[8 + i] = p->table[4 + (i & 3)]; break;
+        default: t[i] = p->table[i], t[8 + i] = p->table[8 + i]; break;
+        }
+    }
+}
+
+static inline __m256i load_u8x8(const uint8_t *p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+/* The plane bytes of 8 channels, one per lane. 4-bit bytes are
+ * sign-extended: the lane's sign is then bit 3 of the high code, which is
+ * the blend mask levels() needs, with no shift (the lookups read only the
+ * low 3 bits, so the extension bits do no harm). */
+static ALWAYS_INLINE __m256i load_plane(const uint8_t *p, const int B) {
+    __m128i b = _mm_loadl_epi64((const __m128i *)p);
+    return B == 4 ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+}
+
+/* Levels of slot j of the plane bytes x (B = 1, 2, 4; load_plane). */
+static ALWAYS_INLINE __m256 levels(__m256i x, const int B, int j, __m256 ta, __m256 tb) {
+    __m256i idx = _mm256_srli_epi32(x, B * j);
+    __m256 a = _mm256_permutevar8x32_ps(ta, idx);
+    if (B < 4) return a;
+    __m256 b = _mm256_permutevar8x32_ps(tb, idx);
+    __m256i pick = j == 0 ? _mm256_slli_epi32(x, 28) : x;
+    return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(pick));
+}
+
+/* Levels of 3-bit codes: slot j of the 2-bit plane bytes x, high bit hb of
+ * the 1-bit plane bytes h. */
+static ALWAYS_INLINE __m256 levels3(__m256i x, __m256i h, int j, int hb, __m256 ta, __m256 tb) {
+    __m256i idx = _mm256_srli_epi32(x, 2 * j);
+    __m256 a = _mm256_permutevar8x32_ps(ta, idx);
+    __m256 b = _mm256_permutevar8x32_ps(tb, idx);
+    return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_slli_epi32(h, 31 - hb)));
+}
+
+/* The accumulator of (row r, token t) for 8-channel run number g: with one
+ * row the runs alternate between two sets, so four FMA chains hide the
+ * latency instead of two. */
+static ALWAYS_INLINE int acc_index(const int R, int r, int t, int g) { return R == 1 ? t + 2 * (g & 1) : 2 * r + t; }
+
+/* Adds q_r . levels of one part for tokens c0 and c1 (their codes) into
+ * acc; qs is the part's q in reading order (prep_part). */
+static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, const int B, const int R,
+                                     const float *qs, const uint8_t *c0, const uint8_t *c1, __m256 *acc) {
+    __m256 ta = _mm256_loadu_ps(tab), tb = _mm256_loadu_ps(tab + 8);
+    c0 += p->off;
+    c1 += p->off;
+    if (B == 3) {
+        /* 2-bit plane bytes u of the first half of a slot's channels
+         * (u < s1) share the 1-bit plane byte u with the second half (u +
+         * s1): their high bits sit at 2j and 2j + 1. The second half shifts
+         * its 1-bit bytes down once so both halves use the same shifts. */
+        int s2 = p->n / 4, s1 = p->n / 8;
+        for (int u = 0; u < s2; u += 8) {
+            int half = u < s1 ? 0 : 1, v = u - half * s1;
+            __m256i x0 = load_u8x8(c0 + u), x1 = load_u8x8(c1 + u);
+            __m256i h0 = _mm256_srli_epi32(load_u8x8(c0 + s2 + v), half);
+            __m256i h1 = _mm256_srli_epi32(load_u8x8(c1 + s2 + v), half);
+            for (int j = 0; j < 4; j++) {
+                __m256 v0 = levels3(x0, h0, j, 2 * j, ta, tb), v1 = levels3(x1, h1, j, 2 * j, ta, tb);
+                for (int r = 0; r < R; r++, qs += 8) {
+                    __m256 qv = _mm256_loadu_ps(qs);
+                    acc[acc_index(R, r, 0, j)] = _mm256_fmadd_ps(qv, v0, acc[acc_index(R, r, 0, j)]);
+                    acc[acc_index(R, r, 1, j)] = _mm256_fmadd_ps(qv, v1, acc[acc_index(R, r, 1, j)]);
+                }
+            }
+        }
+        return;
+    }
+    int stride = p->n * B / 8;
+    for (int u = 0; u < stride; u += 8) {
+        __m256i x0 = load_plane(c0 + u, B), x1 = load_plane(c1 + u, B);
+        for (int j = 0; j < 8 / B; j++) {
+            __m256 v0 = levels(x0, B, j, ta, tb), v1 = levels(x1, B, j, ta, tb);
+            for (int r = 0; r < R; r++, qs += 8) {
+                __m256 qv = _mm256_loadu_ps(qs);
+                acc[acc_index(R, r, 0, j)] = _mm256_fmadd_ps(qv, v0, acc[acc_index(R, r, 0, j)]);
+                acc[acc_index(R, r, 1, j)] = _mm256_fmadd_ps(qv, v1, acc[acc_index(R, r, 1, j)]);
+            }
+        }
+    }
+}
+
+/* Copies R rows of one part's q (q: its first channel of row 0, rows d
+ * apart) into qs in the order score_part reads them: 8 floats for each
+ * (8-byte step u, slot j, row r), channels j * stride + u .. + 7. One
+ * pointer then walks q with immediate offsets; with a pointer per (slot,
+ * row) the kernel ran out of registers. */
+static void prep_part(const vq_code_part *p, const int R, const float *q, int d, float *qs) {
+    int slots = p->bits == 3 ? 4 : 8 / p->bits, stride = p->n / slots;
+    for (int u = 0; u < stride; u += 8)
+        for (int j = 0; j < slots; j++)
+            for (int r = 0; r < R; r++, qs += 8)
+                _mm256_storeu_ps(qs, _mm256_loadu_ps(q + (size_t)r * d + j * stride + u));
+}
+
+/* Scores tokens [0, n) for R rows (1, 2 or 4, a constant in each caller so
+ * the accumulators stay in registers). */
+static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, const float *tabs, const uint8_t *codes,
+                                     size_t cb, const uint16_t *norms, int n, const float *q, int d, const int R,
+                                     float *logits, int ld, float *qs) {
+    for (int k = 0, ch = 0; k < nparts; ch += parts[k].n, k++) prep_part(&parts[k], R, q + ch, d, qs + R * ch);
+    for (int j = 0; j < n; j += 2) {
+        /* an odd count scores the last token twice and keeps one */
+        int j1 = j + 1 < n ? j + 1 : j;
+        const uint8_t *c0 = codes + (size_t)j * cb, *c1 = codes + (size_t)j1 * cb;
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        int ch = 0;
+        for (int k = 0; k < nparts; k++) {
+            const vq_code_part *p = &parts[k];
+            const float *qk = qs + R * ch, *tab = tabs + 16 * k;
+            switch (p->bits) {
+            case 1: score_part(p, tab, 1, R, qk, c0, c1, acc); break;
+            case 2: score_part(p, tab, 2, R, qk, c0, c1, acc); break;
+            case 3: score_part(p, tab, 3, R, qk, c0, c1, acc); break;
+            default: score_part(p, tab, 4, R, qk, c0, c1, acc); break;
+            }
+            ch += p->n;
+        }
+        if (R == 1) {
+            acc[0] = _mm256_add_ps(acc[0], acc[2]);
+            acc[1] = _mm256_add_ps(acc[1], acc[3]);
+            acc[2] = acc[3] = _mm256_setzero_ps();
+        }
+        /* {r0t0, r0t1, r1t0, r1t1 | r2t0, r2t1, r3t0, r3t1} */
+        __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+        __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h01, h23, 0x20), _mm256_permute2f128_ps(h01, h23, 0x31));
+        float n0 = _cvtsh_ss(norms[j]), n1 = _cvtsh_ss(norms[j1]);
+        s = _mm256_mul_ps(s, _mm256_setr_ps(n0, n1, n0, n1, n0, n1, n0, n1));
+        float out[8];
+        _mm256_storeu_ps(out, s);
+        for (int r = 0; r < R; r++) {
+            logits[(size_t)r * ld + j] = out[2 * r];
+            if (j1 != j) logits[(size_t)r * ld + j1] = out[2 * r + 1];
+        }
+    }
+}
+
+bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
+                         const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
+                         float *scratch) {
+    float tabs[2 * 16];
+    if (nparts > 2) return false;
+    for (int k = 0; k < nparts; k++) {
+        if (!part_covered(&parts[k])) return false;
+        part_tables(&parts[k], tabs + 16 * k);
+    }
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        score_rows(parts, nparts, tabs, codes, cb, norms, n, q + (size_t)r * d, d, 4, logits + (size_t)r * ld, ld,
+                   scratch);
+    for (; r + 2 <= rows; r += 2)
+        score_rows(parts, nparts, tabs, codes, cb, norms, n, q + (size_t)r * d, d, 2, logits + (size_t)r * ld, ld,
+                   scratch);
+    for (; r < rows; r++)
+        score_rows(parts, nparts, tabs, codes, cb, norms, n, q + (size_t)r * d, d, 1, logits + (size_t)r * ld, ld,
+                   scratch);
+    return true;
+}
+
+/* acc_r[channels of G runs] += sum_t wn[r][t] * levels over n tokens for one
+ * part, R rows (1, 2, 4) and G = 8 / R runs per pass (at most the slots of
+ * a byte): the R x G accumulators stay in registers over the tokens. acc
+ * points at the part's first channel of row 0, rows d apart; wn rows are
+ * TOKENS apart. */
+static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, const int B, const int R,
+                                     const float *wn, const uint8_t *codes, size_t cb, int n, float *acc, int d) {
+    __m256 ta = _mm256_loadu_ps(tab), tb = _mm256_loadu_ps(tab + 8);
+    const int slots = B == 3 ? 4 : 8 / B, G = 8 / R < slots ? 8 / R : slots;
+    const uint8_t *c = codes + p->off;
+    int stride = B == 3 ? p->n / 4 : p->n * B / 8, s1 = p->n / 8;
+    for (int u = 0; u < stride; u += 8)
+        for (int j0 = 0; j0 < slots; j0 += G) {
+            __m256 a[8];
+            for (int r = 0; r < R; r++)
+                for (int g = 0; g < G; g++) a[r * G + g] = _mm256_loadu_ps(acc + (size_t)r * d + (j0 + g) * stride + u);
+            for (int t = 0; t < n; t++) {
+                const uint8_t *ct = c + (size_t)t * cb;
+                __m256i x = load_plane(ct + u, B);
+                __m256 v[8];
+                if (B == 3) {
+                    __m256i h = load_u8x8(ct + stride + u % s1);
+                    for (int g = 0; g < G; g++) v[g] = levels3(x, h, j0 + g, 2 * (j0 + g) + u / s1, ta, tb);
+                } else {
+                    for (int g = 0; g < G; g++) v[g] = levels(x, B, j0 + g, ta, tb);
+                }
+                for (int r = 0; r < R; r++) {
+                    __m256 w = _mm256_broadcast_ss(wn + r * TOKENS + t);
+                    for (int g = 0; g < G; g++) a[r * G + g] = _mm256_fmadd_ps(w, v[g], a[r * G + g]);
+                }
+            }
+            for (int r = 0; r < R; r++)
+                for (int g = 0; g < G; g++) _mm256_storeu_ps(acc + (size_t)r * d + (j0 + g) * stride + u, a[r * G + g]);
+        }
+}
+
+static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, const float *tabs, const uint8_t *codes,
+                                     size_t cb, const uint16_t *norms, int n, const float *w, int ld, const int R,
+                                     float *acc, int d) {
+    float wn[4 * TOKENS];
+    for (int t0 = 0; t0 < n; t0 += TOKENS) {
+        int m = n - t0 < TOKENS ? n - t0 : TOKENS;
+        for (int t = 0; t < m; t++) {
+            float len = _cvtsh_ss(norms[t0 + t]);
+            for (int r = 0; r < R; r++) wn[r * TOKENS + t] = w[(size_t)r * ld + t0 + t] * len;
+        }
+        const uint8_t *ct = codes + (size_t)t0 * cb;
+        int ch = 0;
+        for (int k = 0; k < nparts; k++) {
+            const vq_code_part *p = &parts[k];
+            const float *tab = tabs + 16 * k;
+            switch (p->bits) {
+            case 1: accum_part(p, tab, 1, R, wn, ct, cb, m, acc + ch, d); break;
+            case 2: accum_part(p, tab, 2, R, wn, ct, cb, m, acc + ch, d); break;
+            case 3: accum_part(p, tab, 3, R, wn, ct, cb, m, acc + ch, d); break;
+            default: accum_part(p, tab, 4, R, wn, ct, cb, m, acc + ch, d); break;
+            }
+            ch += p->n;
+        }
+    }
+}
+
+bool vq_codes_accum_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
+                         const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
+    float tabs[2 * 16];
+    if (nparts > 2) return false;
+    for (int k = 0; k < nparts; k++) {
+        if (!part_covered(&parts[k])) return false;
+        part_tables(&parts[k], tabs + 16 * k);
+    }
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        accum_rows(parts, nparts, tabs, codes, cb, norms, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d, d);
+    for (; r + 2 <= rows; r += 2)
+        accum_rows(parts, nparts, tabs, codes, cb, norms, n, w + (size_t)r * ld, ld, 2, acc + (size_t)r * d, d);
+    for (; r < rows; r++)
+        accum_rows(parts, nparts, tabs, codes, cb, norms, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d, d);
+    return true;
+}
