@@ -278,18 +278,9 @@ vq_status vq_config_merge_generation(const char *path, vq_model_config *c) {
     FILE *f = fopen(path, "rb");
     if (!f) return VQ_OK; /* optional */
     fclose(f);
-    char *text;
-    size_t len;
-    vq_status st = vq_read_file(path, &text, &len);
+    cJSON *root;
+    vq_status st = vq_read_json(path, &root);
     if (st != VQ_OK) return st;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!root) {
-        st = vq_fail(VQ_ERR_FORMAT, "%s: not valid JSON (error near byte %zu)", path, end ? (size_t)(end - text) : (size_t)0);
-        free(text);
-        return st;
-    }
-    free(text);
     int32_t eos[VQ_MAX_EOS], bos[1];
     int n_eos = 0, n_bos = 0;
     st = get_ids(root, path, "eos_token_id", c->vocab_size, eos, VQ_MAX_EOS, &n_eos);

@@ -114,5 +114,9 @@ vq_status vq_config_merge_generation(const char *path, vq_model_config *c);
 
 /* Reads a whole (small) file into a NUL-terminated malloc'd buffer. */
 vq_status vq_read_file(const char *path, char **out, size_t *len);
+/* Reads and parses a JSON file; the error names the file and the byte where
+ * parsing failed. The caller frees *out with cJSON_Delete. */
+struct cJSON;
+vq_status vq_read_json(const char *path, struct cJSON **out);
 
 #endif

@@ -395,16 +395,26 @@ static vq_status add_file(vq_weights *w, const char *path) {
     return VQ_OK;
 }
 
+vq_status vq_read_json(const char *path, cJSON **out) {
+    char *text;
+    size_t len;
+    *out = NULL;
+    vq_status st = vq_read_file(path, &text, &len);
+    if (st != VQ_OK) return st;
+    const char *end = NULL;
+    *out = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!*out)
+        st = vq_fail(VQ_ERR_FORMAT, "%s: not valid JSON (error near byte %zu)", path, end ? (size_t)(end - text) : (size_t)0);
+    free(text);
+    return st;
+}
+
 /* Opens the shards an index names, each once, and checks that every tensor
  * of the weight map is in the shard the index says. */
 static vq_status open_sharded(vq_weights *w, const char *dir, const char *index_path) {
-    char *text;
-    size_t len;
-    vq_status st = vq_read_file(index_path, &text, &len);
+    cJSON *root;
+    vq_status st = vq_read_json(index_path, &root);
     if (st != VQ_OK) return st;
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!root) return vq_fail(VQ_ERR_FORMAT, "%s: not valid JSON", index_path);
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(map)) {
         cJSON_Delete(root);

@@ -702,19 +702,9 @@ static int cmp_added(const void *pa, const void *pb) {
 
 vq_status vq_tokenizer_load(const char *path, vq_tokenizer **out) {
     *out = NULL;
-    char *text;
-    size_t len;
-    vq_status st = vq_read_file(path, &text, &len);
+    cJSON *root;
+    vq_status st = vq_read_json(path, &root);
     if (st != VQ_OK) return st;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!root) {
-        st = vq_fail(VQ_ERR_FORMAT, "%s: not valid JSON (error near byte %zu)", path,
-                     end ? (size_t)(end - text) : (size_t)0);
-        free(text);
-        return st;
-    }
-    free(text);
     vq_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         cJSON_Delete(root);
