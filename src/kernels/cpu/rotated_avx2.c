@@ -7,7 +7,10 @@
  * zero-extended, shifted so the code sits in the low bits, and vpermps
  * picks the level by the low 3 bits. 1- and 2-bit tables are replicated to
  * 8 entries so the bits above the code need no mask. 4 bits: two lookups (low
- * and high 8 levels) and a blend on bit 3. 3 bits: the low 2 bits from the
+ * and high 8 levels) and a blend on bit 3; when the levels are antisymmetric
+ * (T[15 - c] = -T[c], the usual case) one lookup in the lower half and a
+ * sign flip instead (folded_levels), which leaves the shuffle and FMA ports
+ * more room. 3 bits: the low 2 bits from the
  * 2-bit planes index two replicated 4-entry tables, the high bit (1-bit
  * planes) is shifted to the sign and picks one with a blend.
  *
@@ -20,6 +23,7 @@
 #include "methods/rotated.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
@@ -38,8 +42,34 @@ static bool part_covered(const vq_code_part *p) {
     return (p->n * p->bits / 8) % 8 == 0;
 }
 
-/* The two lookup tables of a part (see the top of the file). */
-static void part_tables(const vq_code_part *p, float t[16]) {
+/* Whether the part's levels are antisymmetric, bit for bit: table[15 - c]
+ * == -table[c] (Lloyd-Max codebooks of symmetric densities, and rvq's sums
+ * of two such). Only 4-bit parts use it (see folded_levels). */
+static bool part_folded(const vq_code_part *p) {
+    if (p->bits != 4) return false;
+    for (int c = 0; c < 8; c++) {
+        float neg = -p->table[c];
+        if (memcmp(&neg, &p->table[15 - c], sizeof neg) != 0) return false;
+    }
+    return true;
+}
+
+/* The two lookup tables of a part (see the top of the file). A folded
+ * 4-bit part keeps only the lower half T[0..7]: t[8..15] for slot 1, and
+ * for slot 0 the same levels with bits 28..30 of entry i xored with i, so
+ * that xoring in the lane shifted left by 28 (index bits at 28..30, the
+ * code's bit 3 at 31) restores them and flips the sign in one operation. */
+static void part_tables(const vq_code_part *p, bool folded, float t[16]) {
+    if (folded) {
+        for (int i = 0; i < 8; i++) {
+            uint32_t u;
+            memcpy(&u, &p->table[i], sizeof u);
+            u ^= (uint32_t)i << 28;
+            memcpy(&t[i], &u, sizeof u);
+            t[8 + i] = p->table[i];
+        }
+        return;
+    }
     for (int i = 0; i < 8; i++) {
         switch (p->bits) {
         case 1: t[i] = p->table[i & 1], t[8 + i] = 0; break;
@@ -73,6 +103,44 @@ static ALWAYS_INLINE __m256 levels(__m256i x, const int B, int j, __m256 ta, __m
     return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(pick));
 }
 
+/* The 4-bit plane bytes of 8 channels for a folded part (part_folded),
+ * one per lane, sign-extended: each code c with bit 3 set becomes c ^ 7
+ * first, so its low 3 bits index the lower half T[0..7] at 15 - c and bit 3
+ * says to negate (T[c] = -T[15 - c]). Per byte, m = h - (h >> 3) with h =
+ * b & 0x88 is 7 in each nibble whose bit 3 is set (the 16-bit shift moves
+ * no set bit across a byte). */
+static ALWAYS_INLINE __m128i fold_bytes(__m128i b) {
+    __m128i h = _mm_and_si128(b, _mm_set1_epi8((char)0x88));
+    __m128i m = _mm_sub_epi8(h, _mm_srli_epi16(h, 3));
+    return _mm_xor_si128(b, m);
+}
+
+static ALWAYS_INLINE __m256i load_folded(const uint8_t *p) {
+    return _mm256_cvtepi8_epi32(fold_bytes(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* load_folded of two tokens' bytes p0 and p1, folded in one register. */
+static ALWAYS_INLINE void load_folded2(const uint8_t *p0, const uint8_t *p1, __m256i *x0, __m256i *x1) {
+    __m128i b = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)p0)),
+                                              (const double *)p1));
+    __m128i y = fold_bytes(b);
+    *x0 = _mm256_cvtepi8_epi32(y);
+    *x1 = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(y, y));
+}
+
+/* Levels of slot j of folded plane bytes x (load_folded): one lookup and a
+ * sign flip instead of two lookups and a blend. Slot 0 xors in x << 28,
+ * which tw0 expects (part_tables); slot 1 has the sign in bit 31 already
+ * (sign extension) and takes it with a mask. */
+static ALWAYS_INLINE __m256 folded_levels(__m256i x, int j, __m256 tw0, __m256 tw1) {
+    if (j == 0) {
+        __m256 a = _mm256_permutevar8x32_ps(tw0, x);
+        return _mm256_xor_ps(a, _mm256_castsi256_ps(_mm256_slli_epi32(x, 28)));
+    }
+    __m256 a = _mm256_permutevar8x32_ps(tw1, _mm256_srli_epi32(x, 4));
+    return _mm256_xor_ps(a, _mm256_and_ps(_mm256_castsi256_ps(x), _mm256_set1_ps(-0.0f)));
+}
+
 /* Levels of 3-bit codes: slot j of the 2-bit plane bytes x, high bit hb of
  * the 1-bit plane bytes h. */
 static ALWAYS_INLINE __m256 levels3(__m256i x, __m256i h, int j, int hb, __m256 ta, __m256 tb) {
@@ -88,8 +156,9 @@ static ALWAYS_INLINE __m256 levels3(__m256i x, __m256i h, int j, int hb, __m256 
 static ALWAYS_INLINE int acc_index(const int R, int r, int t, int g) { return R == 1 ? t + 2 * (g & 1) : 2 * r + t; }
 
 /* Adds q_r . levels of one part for tokens c0 and c1 (their codes) into
- * acc; qs is the part's q in reading order (prep_part). */
-static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, const int B, const int R,
+ * acc; qs is the part's q in reading order (prep_part). F: a folded 4-bit
+ * part (part_folded). */
+static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, const int B, const bool F, const int R,
                                      const float *qs, const uint8_t *c0, const uint8_t *c1, __m256 *acc) {
     __m256 ta = _mm256_loadu_ps(tab), tb = _mm256_loadu_ps(tab + 8);
     c0 += p->off;
@@ -118,9 +187,16 @@ static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, co
     }
     int stride = p->n * B / 8;
     for (int u = 0; u < stride; u += 8) {
-        __m256i x0 = load_plane(c0 + u, B), x1 = load_plane(c1 + u, B);
+        __m256i x0, x1;
+        if (F) {
+            load_folded2(c0 + u, c1 + u, &x0, &x1);
+        } else {
+            x0 = load_plane(c0 + u, B);
+            x1 = load_plane(c1 + u, B);
+        }
         for (int j = 0; j < 8 / B; j++) {
-            __m256 v0 = levels(x0, B, j, ta, tb), v1 = levels(x1, B, j, ta, tb);
+            __m256 v0 = F ? folded_levels(x0, j, ta, tb) : levels(x0, B, j, ta, tb);
+            __m256 v1 = F ? folded_levels(x1, j, ta, tb) : levels(x1, B, j, ta, tb);
             for (int r = 0; r < R; r++, qs += 8) {
                 __m256 qv = _mm256_loadu_ps(qs);
                 acc[acc_index(R, r, 0, j)] = _mm256_fmadd_ps(qv, v0, acc[acc_index(R, r, 0, j)]);
@@ -145,9 +221,9 @@ static void prep_part(const vq_code_part *p, const int R, const float *q, int d,
 
 /* Scores tokens [0, n) for R rows (1, 2 or 4, a constant in each caller so
  * the accumulators stay in registers). */
-static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, const float *tabs, const uint8_t *codes,
-                                     size_t cb, const uint16_t *norms, int n, const float *q, int d, const int R,
-                                     float *logits, int ld, float *qs) {
+static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, const float *tabs, const bool *folded,
+                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
+                                     int d, const int R, float *logits, int ld, float *qs) {
     for (int k = 0, ch = 0; k < nparts; ch += parts[k].n, k++) prep_part(&parts[k], R, q + ch, d, qs + R * ch);
     for (int j = 0; j < n; j += 2) {
         /* an odd count scores the last token twice and keeps one */
@@ -160,10 +236,13 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
             const vq_code_part *p = &parts[k];
             const float *qk = qs + R * ch, *tab = tabs + 16 * k;
             switch (p->bits) {
-            case 1: score_part(p, tab, 1, R, qk, c0, c1, acc); break;
-            case 2: score_part(p, tab, 2, R, qk, c0, c1, acc); break;
-            case 3: score_part(p, tab, 3, R, qk, c0, c1, acc); break;
-            default: score_part(p, tab, 4, R, qk, c0, c1, acc); break;
+            case 1: score_part(p, tab, 1, false, R, qk, c0, c1, acc); break;
+            case 2: score_part(p, tab, 2, false, R, qk, c0, c1, acc); break;
+            case 3: score_part(p, tab, 3, false, R, qk, c0, c1, acc); break;
+            default:
+                if (folded[k]) score_part(p, tab, 4, true, R, qk, c0, c1, acc);
+                else score_part(p, tab, 4, false, R, qk, c0, c1, acc);
+                break;
             }
             ch += p->n;
         }
@@ -191,21 +270,23 @@ bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *c
                          const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
                          float *scratch) {
     float tabs[2 * 16];
+    bool folded[2];
     if (nparts > 2) return false;
     for (int k = 0; k < nparts; k++) {
         if (!part_covered(&parts[k])) return false;
-        part_tables(&parts[k], tabs + 16 * k);
+        folded[k] = part_folded(&parts[k]);
+        part_tables(&parts[k], folded[k], tabs + 16 * k);
     }
     int r = 0;
     for (; r + 4 <= rows; r += 4)
-        score_rows(parts, nparts, tabs, codes, cb, norms, n, q + (size_t)r * d, d, 4, logits + (size_t)r * ld, ld,
-                   scratch);
+        score_rows(parts, nparts, tabs, folded, codes, cb, norms, n, q + (size_t)r * d, d, 4, logits + (size_t)r * ld,
+                   ld, scratch);
     for (; r + 2 <= rows; r += 2)
-        score_rows(parts, nparts, tabs, codes, cb, norms, n, q + (size_t)r * d, d, 2, logits + (size_t)r * ld, ld,
-                   scratch);
+        score_rows(parts, nparts, tabs, folded, codes, cb, norms, n, q + (size_t)r * d, d, 2, logits + (size_t)r * ld,
+                   ld, scratch);
     for (; r < rows; r++)
-        score_rows(parts, nparts, tabs, codes, cb, norms, n, q + (size_t)r * d, d, 1, logits + (size_t)r * ld, ld,
-                   scratch);
+        score_rows(parts, nparts, tabs, folded, codes, cb, norms, n, q + (size_t)r * d, d, 1, logits + (size_t)r * ld,
+                   ld, scratch);
     return true;
 }
 
@@ -213,8 +294,8 @@ bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *c
  * part, R rows (1, 2, 4) and G = 8 / R runs per pass (at most the slots of
  * a byte): the R x G accumulators stay in registers over the tokens. acc
  * points at the part's first channel of row 0, rows d apart; wn rows are
- * TOKENS apart. */
-static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, const int B, const int R,
+ * TOKENS apart. F: a folded 4-bit part (part_folded). */
+static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, const int B, const bool F, const int R,
                                      const float *wn, const uint8_t *codes, size_t cb, int n, float *acc, int d) {
     __m256 ta = _mm256_loadu_ps(tab), tb = _mm256_loadu_ps(tab + 8);
     const int slots = B == 3 ? 4 : 8 / B, G = 8 / R < slots ? 8 / R : slots;
@@ -227,11 +308,13 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
                 for (int g = 0; g < G; g++) a[r * G + g] = _mm256_loadu_ps(acc + (size_t)r * d + (j0 + g) * stride + u);
             for (int t = 0; t < n; t++) {
                 const uint8_t *ct = c + (size_t)t * cb;
-                __m256i x = load_plane(ct + u, B);
+                __m256i x = F ? load_folded(ct + u) : load_plane(ct + u, B);
                 __m256 v[8];
                 if (B == 3) {
                     __m256i h = load_u8x8(ct + stride + u % s1);
                     for (int g = 0; g < G; g++) v[g] = levels3(x, h, j0 + g, 2 * (j0 + g) + u / s1, ta, tb);
+                } else if (F) {
+                    for (int g = 0; g < G; g++) v[g] = folded_levels(x, j0 + g, ta, tb);
                 } else {
                     for (int g = 0; g < G; g++) v[g] = levels(x, B, j0 + g, ta, tb);
                 }
@@ -245,9 +328,9 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
         }
 }
 
-static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, const float *tabs, const uint8_t *codes,
-                                     size_t cb, const uint16_t *norms, int n, const float *w, int ld, const int R,
-                                     float *acc, int d) {
+static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, const float *tabs, const bool *folded,
+                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w,
+                                     int ld, const int R, float *acc, int d) {
     float wn[4 * TOKENS];
     for (int t0 = 0; t0 < n; t0 += TOKENS) {
         int m = n - t0 < TOKENS ? n - t0 : TOKENS;
@@ -261,10 +344,13 @@ static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, cons
             const vq_code_part *p = &parts[k];
             const float *tab = tabs + 16 * k;
             switch (p->bits) {
-            case 1: accum_part(p, tab, 1, R, wn, ct, cb, m, acc + ch, d); break;
-            case 2: accum_part(p, tab, 2, R, wn, ct, cb, m, acc + ch, d); break;
-            case 3: accum_part(p, tab, 3, R, wn, ct, cb, m, acc + ch, d); break;
-            default: accum_part(p, tab, 4, R, wn, ct, cb, m, acc + ch, d); break;
+            case 1: accum_part(p, tab, 1, false, R, wn, ct, cb, m, acc + ch, d); break;
+            case 2: accum_part(p, tab, 2, false, R, wn, ct, cb, m, acc + ch, d); break;
+            case 3: accum_part(p, tab, 3, false, R, wn, ct, cb, m, acc + ch, d); break;
+            default:
+                if (folded[k]) accum_part(p, tab, 4, true, R, wn, ct, cb, m, acc + ch, d);
+                else accum_part(p, tab, 4, false, R, wn, ct, cb, m, acc + ch, d);
+                break;
             }
             ch += p->n;
         }
@@ -274,17 +360,19 @@ static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, cons
 bool vq_codes_accum_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
                          const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
     float tabs[2 * 16];
+    bool folded[2];
     if (nparts > 2) return false;
     for (int k = 0; k < nparts; k++) {
         if (!part_covered(&parts[k])) return false;
-        part_tables(&parts[k], tabs + 16 * k);
+        folded[k] = part_folded(&parts[k]);
+        part_tables(&parts[k], folded[k], tabs + 16 * k);
     }
     int r = 0;
     for (; r + 4 <= rows; r += 4)
-        accum_rows(parts, nparts, tabs, codes, cb, norms, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d, d);
+        accum_rows(parts, nparts, tabs, folded, codes, cb, norms, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d, d);
     for (; r + 2 <= rows; r += 2)
-        accum_rows(parts, nparts, tabs, codes, cb, norms, n, w + (size_t)r * ld, ld, 2, acc + (size_t)r * d, d);
+        accum_rows(parts, nparts, tabs, folded, codes, cb, norms, n, w + (size_t)r * ld, ld, 2, acc + (size_t)r * d, d);
     for (; r < rows; r++)
-        accum_rows(parts, nparts, tabs, codes, cb, norms, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d, d);
+        accum_rows(parts, nparts, tabs, folded, codes, cb, norms, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d, d);
     return true;
 }
