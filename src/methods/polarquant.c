@@ -71,10 +71,14 @@ static vq_status polar_finish(vq_mparams *p) {
         return vq_fail(VQ_ERR_ARG, "%s: head dim %d is not supported with %d levels (a multiple of %d, at most 1024)",
                        NAME, d, p->levels, B);
     p->rot = vq_rotation_get(d, p->seed);
-    if (!p->rot) return VQ_ERR_NOMEM;
+    if (!p->rot)
+        return vq_fail(VQ_ERR_NOMEM, "%s: out of memory for the rotation or codebooks (head dim %d)", NAME,
+                       p->head_dim);
     for (int l = 1; l < p->levels; l++) {
         p->cb[l] = vq_codebook_get(VQ_DENSITY_POLAR_ANGLE, 1 << l, p->level_bits[l]);
-        if (!p->cb[l]) return VQ_ERR_NOMEM;
+        if (!p->cb[l])
+            return vq_fail(VQ_ERR_NOMEM, "%s: out of memory for the rotation or codebooks (head dim %d)", NAME,
+                           p->head_dim);
     }
     return VQ_OK;
 }

@@ -51,7 +51,9 @@ static vq_status qjl_finish(vq_mparams *p) {
         return vq_fail(VQ_ERR_ARG, "%s: outliers=%d is out of range for head dim %d (allowed 0..%d)", NAME,
                        p->outliers, d, d / 2);
     p->proj = vq_gaussian_matrix_get(p->sketch, d, p->seed);
-    if (!p->proj) return VQ_ERR_NOMEM;
+    if (!p->proj)
+        return vq_fail(VQ_ERR_NOMEM, "%s: out of memory for the rotation or codebooks (head dim %d)", NAME,
+                       p->head_dim);
     return VQ_OK;
 }
 

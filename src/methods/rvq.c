@@ -41,7 +41,9 @@ static vq_status rvq_finish(vq_mparams *p) {
     p->rot = vq_rotation_get(d, p->seed);
     p->cb[0] = vq_codebook_get(VQ_DENSITY_GAUSS, 0, p->bits);
     p->cb[1] = vq_codebook_get(VQ_DENSITY_LAPLACE, 0, p->bits);
-    if (!p->rot || !p->cb[0] || !p->cb[1]) return VQ_ERR_NOMEM;
+    if (!p->rot || !p->cb[0] || !p->cb[1])
+        return vq_fail(VQ_ERR_NOMEM, "%s: out of memory for the rotation or codebooks (head dim %d)", NAME,
+                       p->head_dim);
     return VQ_OK;
 }
 

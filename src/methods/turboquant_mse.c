@@ -56,10 +56,14 @@ static vq_status mse_finish(vq_mparams *p) {
                        step, frac ? " for a fractional rate" : "");
     p->hi_channels = frac ? d / 2 : 0;
     p->rot = vq_rotation_get(d, p->seed);
-    if (!p->rot) return VQ_ERR_NOMEM;
+    if (!p->rot)
+        return vq_fail(VQ_ERR_NOMEM, "%s: out of memory for the rotation or codebooks (head dim %d)", NAME,
+                       p->head_dim);
     p->cb[0] = vq_codebook_get(VQ_DENSITY_SPHERE, d, p->bits);
     p->cb[1] = frac ? vq_codebook_get(VQ_DENSITY_SPHERE, d, p->bits + 1) : NULL;
-    if (!p->cb[0] || (frac && !p->cb[1])) return VQ_ERR_NOMEM;
+    if (!p->cb[0] || (frac && !p->cb[1]))
+        return vq_fail(VQ_ERR_NOMEM, "%s: out of memory for the rotation or codebooks (head dim %d)", NAME,
+                       p->head_dim);
     return VQ_OK;
 }
 

@@ -42,7 +42,9 @@ static vq_status prod_finish(vq_mparams *p) {
     p->rot = vq_rotation_get(d, p->seed);
     p->proj = vq_gaussian_matrix_get(d, d, p->seed);
     p->cb[0] = vq_codebook_get(VQ_DENSITY_SPHERE, d, p->bits - 1);
-    if (!p->rot || !p->proj || !p->cb[0]) return VQ_ERR_NOMEM;
+    if (!p->rot || !p->proj || !p->cb[0])
+        return vq_fail(VQ_ERR_NOMEM, "%s: out of memory for the rotation or codebooks (head dim %d)", NAME,
+                       p->head_dim);
     return VQ_OK;
 }
 
