@@ -177,6 +177,8 @@ static inline int32_t *vq_block_pos(const vq_cache *c, uint8_t *blk) {
 
 /* Dispatch level chosen once per process (vq_cpu_level_in_use). */
 bool vq_cpu_has_avx2(void);
+/* True when the level in use is VQ_CPU_AVX512 and the CPU has AVX512_BF16. */
+bool vq_cpu_has_avx512_bf16(void);
 
 /* fp32 helpers with scalar and AVX2 bodies, picked at run time. */
 float vq_dot_f32(const float *a, const float *b, int n);

@@ -50,5 +50,18 @@ vq_cpu_level vq_cpu_level_in_use(void) {
     return (vq_cpu_level)l;
 }
 
-/* The AVX-512 level has no kernels of its own yet: it runs the AVX2 ones. */
+/* Apart from matmul, the AVX-512 level has no kernels of its own yet: it runs
+ * the AVX2 ones. */
 bool vq_cpu_has_avx2(void) { return vq_cpu_level_in_use() >= VQ_CPU_AVX2; }
+
+/* AVX512_BF16 is not part of the AVX512 level (Skylake-X and Ice Lake lack
+ * it), so it is checked on its own, and only used when that level is in use. */
+bool vq_cpu_has_avx512_bf16(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (vq_cpu_level_in_use() != VQ_CPU_AVX512) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}

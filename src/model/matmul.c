@@ -1,7 +1,8 @@
 /* Linear layers: y = x W^T (+ bias). Threads split the output columns into
  * fixed blocks; every output is computed by the same code whatever thread runs
  * its block, so results do not depend on the thread count. The scalar body
- * below is the portable path; kernels/cpu/matmul_avx2.c is the fast one. */
+ * below is the portable path; kernels/cpu/matmul_avx2.c and matmul_avx512.c
+ * are the fast ones. */
 #include "model/matmul.h"
 
 #include <string.h>
@@ -13,7 +14,8 @@ typedef struct {
     const uint8_t *w;
     vq_dtype wt;
     const float *bias;
-    bool avx2;
+    vq_cpu_level level; /* read once per call, so all tasks run the same body */
+    bool bf16_dot;
 } matmul_job;
 
 /* One weight to fp32. W may be unaligned, so 16-bit values are read with memcpy. */
@@ -69,7 +71,11 @@ static void matmul_task(void *ctx, int task, int thread) {
         for (int c = 0; c < cols; c++) yi[c] = j->bias ? j->bias[o0 + c] : 0.0f;
     }
 #if defined(__x86_64__)
-    if (j->avx2) {
+    if (j->level == VQ_CPU_AVX512) {
+        vq_matmul_cols_avx512(j->y, j->x, j->n, j->in, j->w, j->wt, j->out, o0, cols, j->bf16_dot);
+        return;
+    }
+    if (j->level == VQ_CPU_AVX2) {
         vq_matmul_cols_avx2(j->y, j->x, j->n, j->in, j->w, j->wt, j->out, o0, cols);
         return;
     }
@@ -80,7 +86,7 @@ static void matmul_task(void *ctx, int task, int thread) {
 void vq_matmul(vq_pool *pool, float *y, const float *x, int n, int in, const void *w, vq_dtype wt,
                int out, const float *bias) {
     if (n <= 0 || out <= 0 || in <= 0) return;
-    matmul_job j = {y, x, n, in, out, w, wt, bias, vq_cpu_has_avx2()};
+    matmul_job j = {y, x, n, in, out, w, wt, bias, vq_cpu_level_in_use(), vq_cpu_has_avx512_bf16()};
     int tasks = (out + VQ_MATMUL_COLS - 1) / VQ_MATMUL_COLS;
     vq_pool_run(pool, tasks, matmul_task, &j);
 }

@@ -25,4 +25,12 @@ enum { VQ_MATMUL_COLS = 16, VQ_MATMUL_KC = 256 };
 void vq_matmul_cols_avx2(float *y, const float *x, int n, int in, const uint8_t *w, vq_dtype wt,
                          int out, int o0, int cols);
 
+/* The same with AVX-512 (F, BW, VL) + FMA + F16C, for CPU level VQ_CPU_AVX512.
+ * With use_bf16_dot (the CPU has AVX512_BF16), bf16 weights are multiplied
+ * with vdpbf16ps, which rounds x to bf16 first: each product then has a
+ * relative error of up to 2^-8 (~3.9e-3), unlike the other paths, which are
+ * exact up to fp32 accumulation. */
+void vq_matmul_cols_avx512(float *y, const float *x, int n, int in, const uint8_t *w, vq_dtype wt,
+                           int out, int o0, int cols, bool use_bf16_dot);
+
 #endif
