@@ -6,6 +6,7 @@
 static void pack_planes(const uint8_t *codes, int d, int bits, uint8_t *out) {
     int per = 8 / bits, stride = d / per;
     uint8_t mask = (uint8_t)((1u << bits) - 1);
+    if (stride <= 0) return; /* d is a positive multiple of 8; this also tells the compiler */
     memset(out, 0, (size_t)stride);
     for (int c = 0; c < d; c++)
         out[c % stride] |= (uint8_t)((codes[c] & mask) << (bits * (c / stride)));
