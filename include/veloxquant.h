@@ -214,6 +214,13 @@ int32_t vq_tokenizer_find(const vq_tokenizer *t, const char *token);
  * TemplateProcessing that starts with a special token, as Llama 3's does), or
  * -1 when it adds none. Pass it as bos_id to encode as transformers does. */
 int32_t vq_tokenizer_bos(const vq_tokenizer *t);
+/* Applies a tokenizer_config.json (a missing file is fine): add_bos_token
+ * false means no BOS; true adds bos_token when the post-processor adds
+ * nothing; eos_token becomes vq_tokenizer_eos(). A chat_template is not
+ * applied. */
+vq_status vq_tokenizer_apply_config(vq_tokenizer *t, const char *tokenizer_config_path);
+/* tokenizer_config.json's eos_token, or -1. */
+int32_t vq_tokenizer_eos(const vq_tokenizer *t);
 /* 1 for added tokens marked special, 0 otherwise (also for unused ids). */
 int vq_tokenizer_is_special(const vq_tokenizer *t, int32_t id);
 /*

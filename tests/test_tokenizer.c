@@ -342,6 +342,37 @@ static void check_errors(void) {
     unlink(path);
 }
 
+/* tokenizer_config.json: add_bos_token and eos_token, as transformers'
+ * Llama tokenizers read them. */
+static void check_tokenizer_config(const char *tok_path) {
+    char cfg[1100];
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", tmpdir);
+    vq_tokenizer *t;
+    if (vq_tokenizer_load(tok_path, &t)) {
+        CHECK(0, "%s: %s", tok_path, vq_last_error());
+        return;
+    }
+    int32_t bos = vq_tokenizer_bos(t), s_id = vq_tokenizer_find(t, "<|bos|>"), e_id = vq_tokenizer_find(t, "<|eos|>");
+    CHECK(vq_tokenizer_apply_config(t, cfg) == VQ_OK && vq_tokenizer_bos(t) == bos, "a missing config changed bos");
+    FILE *f = fopen(cfg, "w");
+    fputs("{\"add_bos_token\": true, \"bos_token\": \"<|bos|>\", \"eos_token\": {\"content\": \"<|eos|>\"}}", f);
+    fclose(f);
+    CHECK(vq_tokenizer_apply_config(t, cfg) == VQ_OK, "%s", vq_last_error());
+    CHECK(vq_tokenizer_bos(t) == (bos >= 0 ? bos : s_id), "add_bos_token true: bos %d", vq_tokenizer_bos(t));
+    CHECK(vq_tokenizer_eos(t) == e_id && e_id >= 0, "eos_token object form: %d, want %d", vq_tokenizer_eos(t), e_id);
+    f = fopen(cfg, "w");
+    fputs("{\"add_bos_token\": false}", f);
+    fclose(f);
+    CHECK(vq_tokenizer_apply_config(t, cfg) == VQ_OK && vq_tokenizer_bos(t) == -1, "add_bos_token false keeps a bos");
+    f = fopen(cfg, "w");
+    fputs("{\"add_bos_token\": ", f);
+    fclose(f);
+    CHECK(vq_tokenizer_apply_config(t, cfg) == VQ_ERR_FORMAT && strstr(vq_last_error(), "JSON"), "bad JSON: %s",
+          vq_last_error());
+    unlink(cfg);
+    vq_tokenizer_free(t);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s FIXTURES_DIR\n", argv[0]);
@@ -368,6 +399,8 @@ int main(int argc, char **argv) {
     check_sp_api(a);
     check_unk();
     check_errors();
+    snprintf(a, sizeof a, "%s/tok/gpt2/tokenizer.json", argv[1]); /* no post-processor BOS */
+    check_tokenizer_config(a);
     rmdir(tmpdir);
     return check_done();
 }

@@ -51,6 +51,13 @@ int cli_load_model(const char *cmd, const char *dir, vq_model **m, vq_tokenizer 
             vq_model_free(*m);
             return -1;
         }
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        if (vq_tokenizer_apply_config(*t, path)) {
+            fprintf(stderr, "veloxquant %s: %s\n", cmd, vq_last_error());
+            vq_tokenizer_free(*t);
+            vq_model_free(*m);
+            return -1;
+        }
         if (vq_tokenizer_vocab_size(*t) > vq_model_get_info(*m)->vocab_size) {
             fprintf(stderr, "veloxquant %s: tokenizer.json has %d ids but the model's vocabulary is %d\n", cmd,
                     vq_tokenizer_vocab_size(*t), vq_model_get_info(*m)->vocab_size);

@@ -85,7 +85,7 @@ int vq_cmd_generate(int argc, char **argv) {
     double t1 = vq_time_now();
     for (; generated < n_new; generated++) {
         int32_t next = vq_sample(logits, info->vocab_size, temp, top_p, &rng, scratch);
-        int is_eos = 0;
+        int is_eos = next == vq_tokenizer_eos(tok);
         for (int e = 0; e < info->n_eos; e++) is_eos |= next == info->eos_token_ids[e];
         if (is_eos) break;
         size_t len;

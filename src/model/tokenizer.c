@@ -93,6 +93,7 @@ struct vq_tokenizer {
     int bytelevel_level;       /* regex index before which ByteLevel prefixes */
     int add_prefix_space;
     int32_t bos_prepend;       /* what the post-processor puts first, -1 if nothing */
+    int32_t eos;               /* tokenizer_config.json's eos_token, -1 if none */
     int sp;                    /* SentencePiece-like rather than byte-level */
     int sp_normalizer;         /* the metaspaces come from the normalizer */
     int sp_prepend;            /* PREPEND_* */
@@ -715,6 +716,7 @@ vq_status vq_tokenizer_load(const char *path, vq_tokenizer **out) {
     if (st == VQ_OK) st = parse_pipeline(t, path, root);
     if (st == VQ_OK) st = parse_model(t, path, root);
     t->bos_prepend = -1;
+    t->eos = -1;
     if (st == VQ_OK) parse_post_processor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
     cJSON_Delete(root);
     if (st != VQ_OK) {
@@ -1118,3 +1120,34 @@ vq_status vq_tokenizer_decode(const vq_tokenizer *t, const int32_t *ids, size_t 
 }
 
 int32_t vq_tokenizer_bos(const vq_tokenizer *t) { return t ? t->bos_prepend : -1; }
+
+/* A token named in tokenizer_config.json: a string or {"content": ...}. */
+static int32_t config_token(const vq_tokenizer *t, const cJSON *v) {
+    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    return cJSON_IsString(v) ? vq_tokenizer_find(t, v->valuestring) : -1;
+}
+
+vq_status vq_tokenizer_apply_config(vq_tokenizer *t, const char *path) {
+    if (!t || !path) return vq_fail(VQ_ERR_ARG, "vq_tokenizer_apply_config: tokenizer or path is NULL");
+    FILE *f = fopen(path, "rb");
+    if (!f) return VQ_OK; /* optional */
+    fclose(f);
+    cJSON *root;
+    vq_status st = vq_read_json(path, &root);
+    if (st != VQ_OK) return st;
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return vq_fail(VQ_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    /* add_bos_token as the Llama tokenizers apply it: false drops what the
+     * post-processor would add, true adds bos_token when it adds nothing */
+    const cJSON *add_bos = cJSON_GetObjectItemCaseSensitive(root, "add_bos_token");
+    int32_t bos = config_token(t, cJSON_GetObjectItemCaseSensitive(root, "bos_token"));
+    if (cJSON_IsFalse(add_bos)) t->bos_prepend = -1;
+    else if (cJSON_IsTrue(add_bos) && t->bos_prepend < 0 && bos >= 0) t->bos_prepend = bos;
+    t->eos = config_token(t, cJSON_GetObjectItemCaseSensitive(root, "eos_token"));
+    cJSON_Delete(root);
+    return VQ_OK;
+}
+
+int32_t vq_tokenizer_eos(const vq_tokenizer *t) { return t ? t->eos : -1; }
