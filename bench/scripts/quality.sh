@@ -6,7 +6,8 @@
 #   bench/scripts/quality.sh TEXT_FILE OUT.jsonl [CTX] [MAX_TOKENS]
 #
 # TEXT_FILE is held-out text (e.g. the validation documents joined by
-# <|doc|>). One JSON line per spec is appended to OUT.jsonl.
+# <|doc|>). One JSON line per spec is appended to OUT.jsonl. SPECS, when
+# set, replaces the list below (one spec per line).
 set -euo pipefail
 text=$1
 out=$2
@@ -21,6 +22,7 @@ specs=(
   "k=qjl;v=tq-mse:bits=2" "k=qjl;v=fp16"
   "polar"
 )
+if [ -n "${SPECS:-}" ]; then mapfile -t specs <<< "$SPECS"; fi
 for s in "${specs[@]}"; do
   "$vq" ppl -m models/velox-ref -f "$text" --ctx "$ctx" --max-tokens "$max" --kv "$s" --mode decode \
     --ref fp16 --threads "${THREADS:-2}" --json 2>/dev/null | tail -n 1 >> "$out"

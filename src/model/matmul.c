@@ -18,18 +18,6 @@ typedef struct {
     bool bf16_dot;
 } matmul_job;
 
-/* One weight to fp32. W may be unaligned, so 16-bit values are read with memcpy. */
-static float weight_at(const uint8_t *p, vq_dtype wt) {
-    if (wt == VQ_F32) {
-        float f;
-        memcpy(&f, p, sizeof f);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return wt == VQ_BF16 ? vq_bf16_to_f32(h) : vq_f16_to_f32(h);
-}
-
 /* Sum of a[k] * b[k] in 8 interleaved partial sums, combined pairwise at the
  * end. The fixed order lets the compiler vectorize it without changing results. */
 static float dot8(const float *a, const float *b, int n) {
@@ -52,7 +40,7 @@ static void matmul_cols_scalar(float *y, const float *x, int n, int in, const ui
         int kc = in - k0 < VQ_MATMUL_KC ? in - k0 : VQ_MATMUL_KC;
         for (int c = 0; c < cols; c++) {
             const uint8_t *row = w + ((size_t)(o0 + c) * (size_t)in + (size_t)k0) * es;
-            for (int k = 0; k < kc; k++) wf[c * VQ_MATMUL_KC + k] = weight_at(row + (size_t)k * es, wt);
+            for (int k = 0; k < kc; k++) wf[c * VQ_MATMUL_KC + k] = vq_weight_at(row + (size_t)k * es, wt);
         }
         for (int i = 0; i < n; i++) {
             const float *xi = x + (size_t)i * (size_t)in + k0;

@@ -5,6 +5,21 @@
 
 #include "vq_internal.h"
 
+#include <string.h>
+
+/* One weight to fp32. Checkpoint data may be unaligned, so it is read with
+ * memcpy rather than through a typed pointer. */
+static inline float vq_weight_at(const void *p, vq_dtype wt) {
+    if (wt == VQ_F32) {
+        float f;
+        memcpy(&f, p, sizeof f);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return wt == VQ_BF16 ? vq_bf16_to_f32(h) : vq_f16_to_f32(h);
+}
+
 /* y[i*out + o] = sum_k x[i*in + k] * W[o*in + k] (+ bias[o] when bias != NULL),
  * for i < n rows, o < out. x, y fp32 row-major, y must not overlap x. W is
  * row-major [out][in] in wt = VQ_F32, VQ_F16 or VQ_BF16 and may sit at any byte

@@ -71,15 +71,7 @@ static vq_status get_vector(const vq_weights *w, const char *name, int64_t n, fl
     if (st) return st;
     float *v = vq_aligned_alloc(sizeof(float) * (size_t)n);
     if (!v) return vq_fail(VQ_ERR_NOMEM, "out of memory converting '%s'", name);
-    for (int64_t i = 0; i < n; i++) {
-        if (r.dtype == VQ_F32) {
-            memcpy(&v[i], (const char *)r.data + 4 * i, 4);
-        } else {
-            uint16_t h;
-            memcpy(&h, (const char *)r.data + 2 * i, 2);
-            v[i] = r.dtype == VQ_F16 ? vq_f16_to_f32(h) : vq_bf16_to_f32(h);
-        }
-    }
+    for (int64_t i = 0; i < n; i++) v[i] = vq_weight_at((const char *)r.data + (size_t)i * vq_dtype_size(r.dtype), r.dtype);
     *out = v;
     return VQ_OK;
 }
@@ -287,15 +279,7 @@ static void rope(float *v, int n_heads, int head_dim, int rotary_dim, const floa
 
 static void embed_row(const wref *e, int hidden, int32_t token, float *out) {
     const char *row = (const char *)e->data + (size_t)token * hidden * vq_dtype_size(e->dtype);
-    for (int i = 0; i < hidden; i++) {
-        if (e->dtype == VQ_F32) {
-            memcpy(&out[i], row + 4 * (size_t)i, 4);
-        } else {
-            uint16_t h;
-            memcpy(&h, row + 2 * (size_t)i, 2);
-            out[i] = e->dtype == VQ_F16 ? vq_f16_to_f32(h) : vq_bf16_to_f32(h);
-        }
-    }
+    for (int i = 0; i < hidden; i++) out[i] = vq_weight_at(row + (size_t)i * vq_dtype_size(e->dtype), e->dtype);
 }
 
 /* One chunk of n <= chunk_cap tokens through every layer. */

@@ -26,18 +26,6 @@ static inline __m256 load8(const uint8_t *p, vq_dtype wt) {
 /* Bytes per weight; inline so it folds to a constant inside the kernels. */
 static inline size_t elem_size(vq_dtype wt) { return wt == VQ_F32 ? 4 : 2; }
 
-/* One weight, for the tails of rows whose length is not a multiple of 8. */
-static float weight_at(const uint8_t *p, vq_dtype wt) {
-    if (wt == VQ_F32) {
-        float f;
-        memcpy(&f, p, sizeof f);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return wt == VQ_BF16 ? vq_bf16_to_f32(h) : vq_f16_to_f32(h);
-}
-
 /* [sum(a), sum(b), sum(c), sum(d)] */
 static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
     __m256 ab = _mm256_hadd_ps(a, b);
@@ -72,7 +60,7 @@ static inline __attribute__((always_inline)) void tile(int rows, int cols, const
         _mm_storeu_ps(s, hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
         for (int c = 0; c < cols; c++) {
             for (int t = k; t < kc; t++)
-                s[c] += x[(size_t)r * xs + t] * weight_at(w + ((size_t)c * ws + (size_t)t) * es, wt);
+                s[c] += x[(size_t)r * xs + t] * vq_weight_at(w + ((size_t)c * ws + (size_t)t) * es, wt);
             y[(size_t)r * ys + c] += s[c];
         }
     }
@@ -112,7 +100,7 @@ static void convert_slice(float *dst, const uint8_t *w, size_t ws, vq_dtype wt, 
         float *d = dst + (size_t)c * VQ_MATMUL_KC;
         int k = 0;
         for (; k + 8 <= kc; k += 8) _mm256_storeu_ps(d + k, load8(src + (size_t)k * es, wt));
-        for (; k < kc; k++) d[k] = weight_at(src + (size_t)k * es, wt);
+        for (; k < kc; k++) d[k] = vq_weight_at(src + (size_t)k * es, wt);
     }
 }
 
