@@ -107,6 +107,9 @@ void vq_pool_run(vq_pool *p, int n_tasks, void (*fn)(void *ctx, int task, int th
  * residual=0..4096; defaults bits=2, group=32, residual=128).
  * Eviction policies ("+POLICY") are not available in this build.
  */
+/* Where a cache's blocks live. */
+typedef enum { VQ_DEVICE_CPU = 0, VQ_DEVICE_CUDA = 1 } vq_device;
+
 typedef struct {
     int n_layers;        /* 1..1024 */
     int n_heads_q;       /* query heads, a multiple of n_heads_kv */
@@ -116,6 +119,8 @@ typedef struct {
     int64_t capacity;    /* max tokens per (layer, head); 0 = unlimited */
     int block_tokens;    /* tokens per storage block; 0 = default (64, or the
                             spec's token group if larger) */
+    vq_device device;    /* where the blocks live; 0 (zero-initialized) = CPU */
+    int device_index;    /* CUDA device ordinal (device == VQ_DEVICE_CUDA) */
 } vq_cache_config;
 
 typedef struct vq_cache vq_cache;
@@ -163,6 +168,34 @@ double vq_cache_bits_per_elem(const vq_cache *c);
 vq_status vq_cache_decode(const vq_cache *c, int layer, int kv_head, float *k, float *v,
                           int32_t *positions);
 
+/* A CPU copy of a cache (CPU or CUDA), holding the same bytes: blocks,
+ * positions and the fp16 window. For a CUDA cache it waits for queued GPU
+ * work first. Free it with vq_cache_free. */
+vq_status vq_cache_to_host(const vq_cache *c, vq_cache **out);
+
+/* ----------------------------------------------------------------- CUDA */
+
+/*
+ * CUDA caches (device = VQ_DEVICE_CUDA) need a build with VQ_CUDA, a
+ * capacity > 0 (device blocks come from a pool grown in chunks, never by
+ * reallocating) and the methods fp16, kivi or tq-mse (integer bits 1..4,
+ * power-of-two head dim) with a head dim that is a multiple of 64 up to 256.
+ *
+ * For such a cache, vq_cache_append takes k and v as DEVICE pointers (same
+ * dtypes and layout as on the CPU; positions stay a host pointer or NULL),
+ * and vq_attend / vq_attend_batch take q (fp32) and out as DEVICE pointers
+ * (q_pos stays a host pointer; pool is ignored). GPU work is queued on the
+ * legacy default stream and the calls return without waiting for it (time
+ * with CUDA events); errors found on the host are returned at once. Values
+ * are not checked for finiteness on the GPU.
+ */
+/* Usable CUDA devices; 0 when built without CUDA or without a usable
+ * GPU or driver. */
+int vq_cuda_device_count(void);
+/* Waits for queued GPU work and reports an asynchronous error. VQ_OK
+ * without CUDA. */
+vq_status vq_cuda_synchronize(void);
+
 /* --------------------------------------------------------------- attend */
 
 typedef struct {
@@ -180,6 +213,13 @@ typedef struct {
  * directly; never writes a dequantized K or V. The result does not depend on
  * the pool's thread count. A query row that sees no key gets zeros. */
 vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a);
+
+/* Attention of one layer for a batch of independent sequences, one cache
+ * each (same config and spec, any lengths): q and out are
+ * [n_caches][n_q][n_heads_q][head_dim]; q_pos, if set, is [n_caches][n_q].
+ * CPU caches: vq_attend per cache. CUDA caches (all on one device): one
+ * attention launch and one reduction launch for the whole batch. */
+vq_status vq_attend_batch(vq_cache *const *caches, int n_caches, int layer, const vq_attend_args *a);
 
 /* Plain fp64 attention over rows (the tests' reference). k, v: [n_k][head_dim]
  * per kv head laid out [n_heads_kv][n_k][head_dim]; kpos [n_k]; q and out as

@@ -166,6 +166,9 @@ struct vq_cache {
     size_t append_scratch_floats;
     float *attend_scratch;
     size_t attend_scratch_floats;
+    /* CUDA caches (kernels/cuda/): the device state; NULL for CPU caches.
+     * The streams then keep only their counts (n_quant, win_n). */
+    struct vq_cuda_cache *cuda;
 };
 
 /* Where in a block the positions live. */
@@ -177,11 +180,34 @@ static inline int32_t *vq_block_pos(const vq_cache *c, uint8_t *blk) {
 
 /* Dispatch level chosen once per process (vq_cpu_level_in_use). */
 bool vq_cpu_has_avx2(void);
+/* True when the level in use is VQ_CPU_AVX512 (AVX-512 F/BW/VL). */
+bool vq_cpu_has_avx512(void);
 /* True when the level in use is VQ_CPU_AVX512 and the CPU has AVX512_BF16. */
 bool vq_cpu_has_avx512_bf16(void);
 
 /* fp32 helpers with scalar and AVX2 bodies, picked at run time. */
 float vq_dot_f32(const float *a, const float *b, int n);
 void vq_axpy_f32(float a, const float *x, float *y, int n);
+
+/* ---------------------------------------------------------------- CUDA */
+
+/* The CUDA side of a cache (src/kernels/cuda/; without VQ_CUDA every entry
+ * point but vq_cuda_cache_init is unreachable). Called by cache.c and
+ * attend.c after their argument checks. */
+vq_status vq_cuda_cache_init(vq_cache *c); /* device == VQ_DEVICE_CUDA */
+void vq_cuda_cache_free(vq_cache *c);
+vq_status vq_cuda_append(vq_cache *c, int layer, int n_tokens, const void *k, const void *v, vq_dtype dtype,
+                         const int32_t *positions);
+vq_status vq_cuda_truncate(vq_cache *c, int64_t n_tokens);
+vq_status vq_cuda_attend(vq_cache *const *caches, int n_caches, int layer, const vq_attend_args *a);
+/* One stream's data as device pointers (blocks: its block table's host
+ * mirror), and a blocking device-to-host copy, for vq_cache_to_host. */
+typedef struct {
+    uint8_t *const *blocks;
+    const uint16_t *win_k, *win_v;
+    const int32_t *win_pos;
+} vq_cuda_stream_view;
+void vq_cuda_stream_get(const vq_cache *c, int layer, int head, vq_cuda_stream_view *out);
+vq_status vq_cuda_copy_to_host(void *dst, const void *src, size_t bytes);
 
 #endif

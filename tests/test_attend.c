@@ -78,7 +78,7 @@ int main(void) {
     vq_pool *pool;
     vq_pool_create(2, &pool);
     vq_cpu_level best = vq_cpu_detect();
-    for (int lvl = VQ_CPU_SCALAR; lvl <= (best >= VQ_CPU_AVX2 ? VQ_CPU_AVX2 : VQ_CPU_SCALAR); lvl++) {
+    for (int lvl = VQ_CPU_SCALAR; lvl <= best; lvl++) {
         vq_cpu_set_level((vq_cpu_level)lvl);
         /* sequence lengths around group and block edges */
         int seqs[] = {1, 31, 32, 33, 129, 5000};

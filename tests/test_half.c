@@ -111,10 +111,12 @@ int main(void) {
 
     /* Array paths (SIMD where available) equal the scalar ones, on every
      * fp16/bf16 pattern and on a spread of fp32 values including ties. */
-    vq_cpu_level levels[] = {VQ_CPU_SCALAR, vq_cpu_detect() >= VQ_CPU_AVX2 ? VQ_CPU_AVX2 : VQ_CPU_SCALAR};
+    vq_cpu_level levels[3] = {VQ_CPU_SCALAR};
+    int n_levels = 1;
+    for (int l = VQ_CPU_AVX2; l <= vq_cpu_detect(); l++) levels[n_levels++] = (vq_cpu_level)l;
     uint16_t *pat = malloc(sizeof(uint16_t) * 65536), *h2 = malloc(sizeof(uint16_t) * 1000003);
     float *f = malloc(sizeof(float) * 1000003);
-    for (int li = 0; li < 2; li++) {
+    for (int li = 0; li < n_levels; li++) {
         vq_cpu_set_level(levels[li]);
         for (uint32_t i = 0; i < 65536; i++) pat[i] = (uint16_t)i;
         float *out = malloc(sizeof(float) * 65536);

@@ -333,6 +333,7 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
         return vq_fail(VQ_ERR_ARG, "out_dtype %d is not VQ_F32 or VQ_F16", (int)a->out_dtype);
     if (!(a->scale >= 0) || isinf(a->scale))
         return vq_fail(VQ_ERR_ARG, "scale %g is out of range (finite and >= 0; 0 = 1/sqrt(head_dim))", (double)a->scale);
+    if (c->cuda) return vq_cuda_attend(&c, 1, layer, a);
     int d = c->cfg.head_dim, H = c->cfg.n_heads_kv;
     job jb;
     memset(&jb, 0, sizeof jb);

@@ -35,6 +35,8 @@ vq_status vq_cache_create(const vq_cache_config *cfg, vq_cache **out) {
     if (cfg->block_tokens < 0 || cfg->block_tokens > 65536)
         return vq_fail(VQ_ERR_ARG, "block_tokens=%d is out of range [0, 65536] (0 = default %d)",
                        cfg->block_tokens, DEFAULT_BLOCK_TOKENS);
+    if (cfg->device != VQ_DEVICE_CPU && cfg->device != VQ_DEVICE_CUDA)
+        return vq_fail(VQ_ERR_ARG, "device=%d is not VQ_DEVICE_CPU (0) or VQ_DEVICE_CUDA (1)", (int)cfg->device);
     vq_spec spec;
     vq_status st = vq_spec_parse(cfg->kv_spec, cfg->head_dim, &spec);
     if (st) return st;
@@ -70,12 +72,17 @@ vq_status vq_cache_create(const vq_cache_config *cfg, vq_cache **out) {
         return vq_fail(VQ_ERR_NOMEM, "out of memory creating the cache (%zu streams)", n_streams);
     }
     for (int l = 0; l < cfg->n_layers; l++) c->last_pos[l] = -1;
+    if (cfg->device == VQ_DEVICE_CUDA && (st = vq_cuda_cache_init(c)) != VQ_OK) {
+        vq_cache_free(c);
+        return st;
+    }
     *out = c;
     return VQ_OK;
 }
 
 void vq_cache_free(vq_cache *c) {
     if (!c) return;
+    if (c->cuda) vq_cuda_cache_free(c);
     if (c->streams) {
         size_t n_streams = (size_t)c->cfg.n_layers * c->cfg.n_heads_kv;
         for (size_t i = 0; i < n_streams; i++) {
@@ -227,6 +234,7 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
     } else if ((int64_t)last + n_tokens > INT32_MAX) {
         return vq_fail(VQ_ERR_ARG, "positions would pass 2^31 - 1");
     }
+    if (c->cuda) return vq_cuda_append(c, layer, n_tokens, k, v, dtype, positions);
     int H = c->cfg.n_heads_kv, d = c->cfg.head_dim;
     size_t es = vq_dtype_size(dtype), row = (size_t)d * es;
     /* scratch: F rows for flushing, plus one row for bf16 conversion */
@@ -329,6 +337,7 @@ vq_status vq_cache_truncate(vq_cache *c, int64_t n_tokens) {
                            (long long)n_tokens, c->flush_tokens, l, c->flush_tokens, (long long)s->n_quant,
                            (long long)s->n_quant, (long long)held);
     }
+    if (c->cuda) return vq_cuda_truncate(c, n_tokens);
     for (int l = 0; l < c->cfg.n_layers; l++) {
         for (int h = 0; h < c->cfg.n_heads_kv; h++) {
             vq_stream *s = stream_at(c, l, h);
@@ -363,6 +372,13 @@ vq_status vq_cache_decode(const vq_cache *c, int layer, int kv_head, float *k, f
         return vq_fail(VQ_ERR_ARG, "layer %d is out of range [0, %d)", layer, c->cfg.n_layers);
     if (kv_head < 0 || kv_head >= c->cfg.n_heads_kv)
         return vq_fail(VQ_ERR_ARG, "kv_head %d is out of range [0, %d)", kv_head, c->cfg.n_heads_kv);
+    if (c->cuda) { /* through a host copy: a test and reference path */
+        vq_cache *h = NULL;
+        vq_status st = vq_cache_to_host(c, &h);
+        if (!st) st = vq_cache_decode(h, layer, kv_head, k, v, positions);
+        vq_cache_free(h);
+        return st;
+    }
     const vq_stream *s = stream_at(c, layer, kv_head);
     int d = c->cfg.head_dim, bt = c->block_tokens;
     for (int b = 0; b < s->n_blocks; b++) {

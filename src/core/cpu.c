@@ -50,9 +50,10 @@ vq_cpu_level vq_cpu_level_in_use(void) {
     return (vq_cpu_level)l;
 }
 
-/* Apart from matmul, the AVX-512 level has no kernels of its own yet: it runs
- * the AVX2 ones. */
+/* The AVX-512 level runs its own kernels where one exists (conversions, the
+ * fp16 attention path, matmul) and the AVX2 ones elsewhere. */
 bool vq_cpu_has_avx2(void) { return vq_cpu_level_in_use() >= VQ_CPU_AVX2; }
+bool vq_cpu_has_avx512(void) { return vq_cpu_level_in_use() >= VQ_CPU_AVX512; }
 
 /* AVX512_BF16 is not part of the AVX512 level (Skylake-X and Ice Lake lack
  * it), so it is checked on its own, and only used when that level is in use. */

@@ -81,14 +81,22 @@ float vq_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
 size_t vq_dtype_size(vq_dtype t) { return t == VQ_F32 ? 4 : 2; }
 
-/* SIMD bodies live in kernels/cpu/half_avx2.c. */
+/* SIMD bodies live in kernels/cpu/half_avx2.c and half_avx512.c. */
 void vq_f32_to_f16_avx2(const float *x, uint16_t *out, size_t n);
 void vq_f16_to_f32_avx2(const uint16_t *h, float *out, size_t n);
 void vq_f32_to_bf16_avx2(const float *x, uint16_t *out, size_t n);
 void vq_bf16_to_f32_avx2(const uint16_t *h, float *out, size_t n);
+void vq_f32_to_f16_avx512(const float *x, uint16_t *out, size_t n);
+void vq_f16_to_f32_avx512(const uint16_t *h, float *out, size_t n);
+void vq_f32_to_bf16_avx512(const float *x, uint16_t *out, size_t n);
+void vq_bf16_to_f32_avx512(const uint16_t *h, float *out, size_t n);
 
 void vq_f32_to_f16_array(const float *x, uint16_t *out, size_t n) {
 #if defined(__x86_64__)
+    if (vq_cpu_has_avx512()) {
+        vq_f32_to_f16_avx512(x, out, n);
+        return;
+    }
     if (vq_cpu_has_avx2()) {
         vq_f32_to_f16_avx2(x, out, n);
         return;
@@ -99,6 +107,10 @@ void vq_f32_to_f16_array(const float *x, uint16_t *out, size_t n) {
 
 void vq_f16_to_f32_array(const uint16_t *h, float *out, size_t n) {
 #if defined(__x86_64__)
+    if (vq_cpu_has_avx512()) {
+        vq_f16_to_f32_avx512(h, out, n);
+        return;
+    }
     if (vq_cpu_has_avx2()) {
         vq_f16_to_f32_avx2(h, out, n);
         return;
@@ -109,6 +121,10 @@ void vq_f16_to_f32_array(const uint16_t *h, float *out, size_t n) {
 
 void vq_f32_to_bf16_array(const float *x, uint16_t *out, size_t n) {
 #if defined(__x86_64__)
+    if (vq_cpu_has_avx512()) {
+        vq_f32_to_bf16_avx512(x, out, n);
+        return;
+    }
     if (vq_cpu_has_avx2()) {
         vq_f32_to_bf16_avx2(x, out, n);
         return;
@@ -119,6 +135,10 @@ void vq_f32_to_bf16_array(const float *x, uint16_t *out, size_t n) {
 
 void vq_bf16_to_f32_array(const uint16_t *h, float *out, size_t n) {
 #if defined(__x86_64__)
+    if (vq_cpu_has_avx512()) {
+        vq_bf16_to_f32_avx512(h, out, n);
+        return;
+    }
     if (vq_cpu_has_avx2()) {
         vq_bf16_to_f32_avx2(h, out, n);
         return;

@@ -5,10 +5,15 @@
 #include <stdio.h>
 #include <string.h>
 
+/* SIMD bodies: kernels/cpu/fp16_avx2.c and fp16_avx512.c. */
 void vq_fp16_score_avx2(const float *q, int rows, int d, const uint16_t *k, int n, float *logits,
                         int ld);
 void vq_fp16_accum_avx2(const float *w, int ld, int rows, int d, const uint16_t *v, int n,
                         float *acc);
+void vq_fp16_score_avx512(const float *q, int rows, int d, const uint16_t *k, int n, float *logits,
+                          int ld);
+void vq_fp16_accum_avx512(const float *w, int ld, int rows, int d, const uint16_t *v, int n,
+                          float *acc);
 
 static vq_status fp16_set_option(vq_mparams *p, const char *key, const char *value) {
     (void)p;
@@ -67,6 +72,10 @@ static void fp16_score(const vq_mparams *p, const float *q, int rows, const uint
     int d = p->head_dim;
     const uint16_t *k = (const uint16_t *)blk + (size_t)t0 * d;
 #if defined(__x86_64__)
+    if (vq_cpu_has_avx512() && d % 32 == 0) {
+        vq_fp16_score_avx512(q, rows, d, k, n, logits, ld);
+        return;
+    }
     if (vq_cpu_has_avx2() && d % 16 == 0) {
         vq_fp16_score_avx2(q, rows, d, k, n, logits, ld);
         return;
@@ -90,6 +99,10 @@ static void fp16_accum(const vq_mparams *p, const float *w, int ld, int rows, co
     int d = p->head_dim;
     const uint16_t *v = (const uint16_t *)blk + (size_t)t0 * d;
 #if defined(__x86_64__)
+    if (vq_cpu_has_avx512() && d % 32 == 0) {
+        vq_fp16_accum_avx512(w, ld, rows, d, v, n, acc);
+        return;
+    }
     if (vq_cpu_has_avx2() && d % 16 == 0) {
         vq_fp16_accum_avx2(w, ld, rows, d, v, n, acc);
         return;

@@ -1,0 +1,175 @@
+/* Timing of the CUDA kernels alone: decode attention over CUDA caches and
+ * append (encode) throughput, against a device-to-device copy measured in
+ * the same run. GPU time from CUDA events; median over repetitions; several
+ * sets of caches rotated when one set would fit in L2.
+ *
+ *   bench_cuda [--quick] [--shape=BATCH,SEQ] [SPEC_SUBSTRING]
+ *
+ * Prints a table: spec, batch, seq, median us (min..max), packed MB read,
+ * GB/s on the packed bytes, % of the copy bandwidth. */
+#include "veloxquant.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define L2_BYTES (60.0 * (1 << 20))
+#define REPS 15
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_cuda: %s: %s\n", what, vq_last_error());
+    exit(1);
+}
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Milliseconds of one event pair. */
+static float elapsed(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0;
+    cudaEventSynchronize(b);
+    cudaEventElapsedTime(&ms, a, b);
+    return ms;
+}
+
+static double copy_bandwidth(void) {
+    size_t bytes = (size_t)2 << 30;
+    void *a = NULL, *b = NULL;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return 0;
+    cudaMemset(a, 1, bytes);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float t[REPS];
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    for (int i = 0; i < REPS; i++) {
+        cudaEventRecord(e0, 0);
+        cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1, 0);
+        t[i] = elapsed(e0, e1);
+    }
+    qsort(t, REPS, sizeof *t, cmp_f);
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * bytes / (t[REPS / 2] * 1e-3) / 1e9; /* read + write */
+}
+
+/* Random fp16 rows [n][8][128] on the device (generated on the host). */
+static void *random_rows(size_t n_vals, unsigned seed) {
+    uint16_t *h = malloc(n_vals * 2);
+    vq_rng r;
+    vq_rng_seed(&r, seed);
+    for (size_t i = 0; i < n_vals; i++) h[i] = vq_f32_to_f16((float)vq_rng_normal(&r));
+    void *d = NULL;
+    if (cudaMalloc(&d, n_vals * 2) != cudaSuccess) return NULL;
+    cudaMemcpy(d, h, n_vals * 2, cudaMemcpyHostToDevice);
+    free(h);
+    return d;
+}
+
+int main(int argc, char **argv) {
+    int quick = 0;
+    const char *only = NULL; /* run the specs containing this string */
+    int one_b = 0, one_s = 0;  /* run this shape alone */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) quick = 1;
+        else if (strncmp(argv[i], "--shape=", 8) == 0 && sscanf(argv[i] + 8, "%d,%d", &one_b, &one_s) == 2) continue;
+        else only = argv[i];
+    }
+    if (vq_cuda_device_count() < 1) {
+        fprintf(stderr, "bench_cuda: no CUDA device\n");
+        return 1;
+    }
+    const int HQ = 32, HKV = 8, D = 128;
+    double bw = copy_bandwidth();
+    printf("device-to-device copy: %.0f GB/s (read + write)\n", bw);
+    const char *specs[] = {"fp16", "kivi:bits=2", "kivi:bits=4", "tq-mse:bits=4"};
+    const int shapes[][2] = {{1, 4096}, {1, 32768}, {1, 131072}, {8, 16384}, {8, 32768}, {8, 131072}, {32, 16384}};
+    int n_shapes = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
+    int max_seq = 131072;
+    void *kin = random_rows((size_t)max_seq * HKV * D, 1), *vin = random_rows((size_t)max_seq * HKV * D, 2);
+    if (!kin || !vin) die("input rows");
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    printf("%-16s %5s %7s %10s %10s %10s %9s %7s\n", "spec", "batch", "seq", "us", "min", "max", "packedMB", "GB/s");
+    for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++) {
+        if (only && !strstr(specs[si], only)) continue;
+        for (int shp = 0; shp < n_shapes; shp++) {
+            int B = shapes[shp][0], S = shapes[shp][1];
+            if (one_b && (B != one_b || S != one_s)) continue;
+            vq_cache_config cfg = {.n_layers = 1, .n_heads_q = HQ, .n_heads_kv = HKV, .head_dim = D,
+                                   .kv_spec = specs[si], .capacity = S, .device = VQ_DEVICE_CUDA};
+            /* sets of B caches; more sets when one set fits in L2 */
+            vq_cache *probe = NULL;
+            if (vq_cache_create(&cfg, &probe)) die("create");
+            if (vq_cache_append(probe, 0, S, kin, vin, VQ_F16, NULL)) die("append");
+            double set_bytes = (double)vq_cache_bytes(probe) * B;
+            vq_cache_free(probe);
+            int n_sets = set_bytes < 4 * L2_BYTES ? (int)(4 * L2_BYTES / set_bytes) + 1 : 1;
+            if (n_sets > 16) n_sets = 16;
+            vq_cache **cs = calloc((size_t)n_sets * B, sizeof *cs);
+            size_t packed = 0;
+            for (int i = 0; i < n_sets * B; i++) {
+                if (vq_cache_create(&cfg, &cs[i])) die("create");
+                if (vq_cache_append(cs[i], 0, S, kin, vin, VQ_F16, NULL)) die("append");
+                if (i < B) packed += vq_cache_bytes(cs[i]);
+            }
+            float *q = NULL;
+            void *out = NULL;
+            size_t qn = (size_t)B * HQ * D;
+            cudaMalloc((void **)&q, qn * 4);
+            cudaMalloc(&out, qn * 2);
+            cudaMemset(q, 0x3c, qn * 4); /* ~0.01: any finite values */
+            vq_attend_args a = {.n_q = 1, .q = q, .out = out, .out_dtype = VQ_F16};
+            int iters = 20;
+            float t[REPS];
+            for (int w = 0; w < 3; w++)
+                if (vq_attend_batch(cs + (size_t)(w % n_sets) * B, B, 0, &a)) die("attend");
+            for (int rep = 0; rep < REPS; rep++) {
+                cudaEventRecord(e0, 0);
+                for (int it = 0; it < iters; it++)
+                    if (vq_attend_batch(cs + (size_t)(it % n_sets) * B, B, 0, &a)) die("attend");
+                cudaEventRecord(e1, 0);
+                t[rep] = elapsed(e0, e1) * 1000 / iters;
+            }
+            if (vq_cuda_synchronize()) die("attend (asynchronous)");
+            qsort(t, REPS, sizeof *t, cmp_f);
+            double gbps = packed / (t[REPS / 2] * 1e-6) / 1e9;
+            printf("%-16s %5d %7d %10.1f %10.1f %10.1f %9.1f %7.0f  %3.0f%% of copy\n", specs[si], B, S, t[REPS / 2],
+                   t[0], t[REPS - 1], packed / 1e6, gbps, 100 * gbps / bw);
+            fflush(stdout);
+            for (int i = 0; i < n_sets * B; i++) vq_cache_free(cs[i]);
+            free(cs);
+            cudaFree(q);
+            cudaFree(out);
+        }
+        /* append throughput: 8192 new tokens into an empty cache */
+        int n = 8192;
+        vq_cache_config cfg = {.n_layers = 1, .n_heads_q = HQ, .n_heads_kv = HKV, .head_dim = D,
+                               .kv_spec = specs[si], .capacity = n, .device = VQ_DEVICE_CUDA};
+        vq_cache *c = NULL;
+        if (vq_cache_create(&cfg, &c)) die("create");
+        float t[REPS];
+        for (int rep = 0; rep < REPS; rep++) {
+            vq_cache_reset(c);
+            cudaEventRecord(e0, 0);
+            if (vq_cache_append(c, 0, n, kin, vin, VQ_F16, NULL)) die("append");
+            cudaEventRecord(e1, 0);
+            t[rep] = elapsed(e0, e1) * 1000;
+        }
+        if (vq_cuda_synchronize()) die("append (asynchronous)");
+        qsort(t, REPS, sizeof *t, cmp_f);
+        double bytes = (double)n * HKV * D * 2 * 2 + (double)vq_cache_bytes(c);
+        double gbps = bytes / (t[REPS / 2] * 1e-6) / 1e9;
+        printf("%-16s append %d tokens: %.1f us (min %.1f), %.0f GB/s in+out, %.0f%% of copy\n", specs[si], n,
+               t[REPS / 2], t[0], gbps, 100 * gbps / bw);
+        vq_cache_free(c);
+    }
+    cudaFree(kin);
+    cudaFree(vin);
+    return 0;
+}

@@ -1,0 +1,444 @@
+/* Attention over CUDA caches: split-KV flash-decoding for any number of
+ * query rows (decode and prefill chunks), then a reduction kernel.
+ *
+ * attend_kernel: one thread block per (partition of a stream's blocks,
+ * kv head x chunk of query rows, sequence). The rows are the q heads of the
+ * head's GQA group times the query tokens, so every K/V byte read serves all
+ * of them. Per tile of tokens: scores (one thread per token), causal mask,
+ * fp32 online softmax (one warp per row), then the values (one thread per
+ * channel). The last partition also takes the fp16 window. Each block
+ * writes (max, sum, acc) per row. This kernel serves every method and
+ * shape; KIVI 2/4-bit decode goes to the tensor-core kernel
+ * (attend_kivi.cu) instead, and this one then takes only the window, in
+ * WIN_TILE-token thread blocks.
+ *
+ * reduce_kernel: one thread block per output row merges the partitions in
+ * order, applies tq-mse's inverse rotation to the block part (values
+ * accumulate in the rotated domain), adds the window part and writes fp32
+ * or fp16. */
+#include "codes.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define THREADS 128
+#define TILE 128      /* tokens per tile: one per thread in the score step */
+#define RMAX VQ_CU_RMAX
+#define CPT (VQ_CU_MAX_DIM / THREADS) /* channels per thread in the value step */
+/* Thread blocks to aim for per SM when choosing the partition count. */
+#define BLOCKS_PER_SM 4
+/* Window tokens per thread block when the window has its own launch. */
+#define WIN_TILE 32
+
+typedef vq_cu_attn params;
+
+/* Element c of token t of a block payload, dequantized (tq-mse: in the
+ * rotated domain, times the token's norm). */
+__device__ __forceinline__ float deq(const vq_cu_method &m, const uint8_t *pay, int bt, int d, int t, int c) {
+    if (m.kind == VQ_CU_FP16) return vq_cu_h2f(((const uint16_t *)pay)[(size_t)t * d + c]);
+    const int cb = m.code_bytes;
+    int code = vq_cu_code_at(pay + (size_t)t * cb, c, m.bits, d);
+    const uint16_t *meta = (const uint16_t *)(pay + (size_t)bt * cb);
+    if (m.kind == VQ_CU_KIVI) {
+        float s, z;
+        if (m.is_value) {
+            int ng = (d + m.group - 1) / m.group;
+            const uint16_t *mm = meta + ((size_t)t * ng + c / m.group) * 2;
+            s = vq_cu_h2f(mm[0]);
+            z = vq_cu_h2f(mm[1]);
+        } else {
+            const uint16_t *mm = meta + (size_t)(t / m.group) * 2 * d;
+            s = vq_cu_h2f(mm[c]);
+            z = vq_cu_h2f(mm[d + c]);
+        }
+        return __fadd_rn(__fmul_rn((float)code, s), z);
+    }
+    return vq_cu_h2f(meta[t]) * m.centroid[code];
+}
+
+struct attn_smem {
+    float qa[RMAX][VQ_CU_MAX_DIM]; /* q * scale */
+    float qr[RMAX][VQ_CU_MAX_DIM]; /* rotated (tq-mse keys) */
+    float p[RMAX][TILE];
+    float alpha[RMAX], m[RMAX], l[RMAX];
+    int32_t qpos[RMAX];
+};
+
+/* One tile of n tokens: kp/vp are K and V payloads (or the window's fp16
+ * rows), kpos their positions, t0 the first token inside them. */
+__device__ void run_tile(const params &P, attn_smem &sm, int R, const vq_cu_method &mk, const vq_cu_method &mv,
+                         const uint8_t *kp, const uint8_t *vp, int bt, const int32_t *kpos, int t0, int n,
+                         float (&acc)[CPT][RMAX], float (&accw)[CPT][RMAX], bool into_w, bool rotated_q) {
+    const int tid = threadIdx.x, d = P.d;
+    if (tid < n) {
+        float s[RMAX];
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) s[r] = 0;
+        for (int c = 0; c < d; c++) {
+            float k = deq(mk, kp, bt, d, t0 + tid, c);
+#pragma unroll
+            for (int r = 0; r < RMAX; r++) s[r] += (rotated_q ? sm.qr[r][c] : sm.qa[r][c]) * k;
+        }
+        int32_t kp_pos = kpos[t0 + tid];
+#pragma unroll
+        for (int r = 0; r < RMAX; r++)
+            if (r < R) sm.p[r][tid] = kp_pos > sm.qpos[r] ? -INFINITY : s[r];
+    }
+    __syncthreads();
+    const int warp = tid / 32, lane = tid % 32;
+    for (int r = warp; r < R; r += THREADS / 32) {
+        float mb = -INFINITY;
+        for (int j = lane; j < n; j += 32) mb = fmaxf(mb, sm.p[r][j]);
+        for (int o = 16; o > 0; o /= 2) mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
+        float mold = sm.m[r], mnew = fmaxf(mold, mb);
+        float sum = 0;
+        for (int j = lane; j < n; j += 32) {
+            float e = mnew == -INFINITY ? 0.0f : __expf(sm.p[r][j] - mnew);
+            sm.p[r][j] = e;
+            sum += e;
+        }
+        for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        __syncwarp();
+        if (lane == 0) {
+            float alpha = mold == -INFINITY ? 0.0f : __expf(mold - mnew);
+            sm.alpha[r] = alpha;
+            sm.l[r] = sm.l[r] * alpha + sum;
+            sm.m[r] = mnew;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < CPT; i++) {
+        int c = tid + i * THREADS;
+        if (c >= d) break;
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) {
+            float al = r < R ? sm.alpha[r] : 0.0f;
+            acc[i][r] *= al;
+            accw[i][r] *= al;
+        }
+        for (int j = 0; j < n; j++) {
+            float v = deq(mv, vp, bt, d, t0 + j, c);
+#pragma unroll
+            for (int r = 0; r < RMAX; r++) {
+                if (into_w) accw[i][r] += sm.p[r][j] * v;
+                else acc[i][r] += sm.p[r][j] * v;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(THREADS) attend_kernel(const __grid_constant__ params P) {
+    __shared__ attn_smem sm;
+    const int part = blockIdx.x + P.part_base, h = blockIdx.y / P.row_chunks, rc = blockIdx.y % P.row_chunks, seq = blockIdx.z;
+    const int tid = threadIdx.x, d = P.d, r0 = rc * RMAX;
+    const int R = P.rows - r0 < RMAX ? P.rows - r0 : RMAX;
+    const vq_cu_seq S = vq_cu_seq_at(P, seq);
+    for (int idx = tid; idx < RMAX * d; idx += THREADS) {
+        int r = idx / d, c = idx % d;
+        float x = 0;
+        if (r < R) {
+            int row = r0 + r, qi = row / P.g, j = row % P.g;
+            x = P.q[(((size_t)seq * P.n_q + qi) * P.hq + (size_t)h * P.g + j) * d + c] * P.scale;
+        }
+        sm.qa[r][c] = x;
+        sm.qr[r][c] = P.mk.kind == VQ_CU_TQ_MSE ? x * P.mk.signs[c] : x;
+    }
+    if (tid < RMAX) {
+        int row = r0 + tid, qi = row / P.g;
+        sm.qpos[tid] = vq_cu_has_qpos(P) && tid < R ? vq_cu_qpos_at(P, (size_t)seq * P.n_q + qi) : INT32_MAX;
+        sm.m[tid] = -INFINITY;
+        sm.l[tid] = 0;
+    }
+    __syncthreads();
+    if (P.mk.kind == VQ_CU_TQ_MSE) { /* q -> R q: signs (above), Hadamard, 1/sqrt(d) */
+        for (int hh = 1; hh < d; hh *= 2) {
+            for (int idx = tid; idx < RMAX * d / 2; idx += THREADS) {
+                int r = idx / (d / 2), k = idx % (d / 2), j = (k / hh) * 2 * hh + k % hh;
+                float x = sm.qr[r][j], y = sm.qr[r][j + hh];
+                sm.qr[r][j] = x + y;
+                sm.qr[r][j + hh] = x - y;
+            }
+            __syncthreads();
+        }
+        float sc = 1.0f / sqrtf((float)d);
+        for (int idx = tid; idx < RMAX * d; idx += THREADS) sm.qr[idx / d][idx % d] *= sc;
+        __syncthreads();
+    }
+    float acc[CPT][RMAX], accw[CPT][RMAX];
+#pragma unroll
+    for (int i = 0; i < CPT; i++)
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) acc[i][r] = accw[i][r] = 0;
+    const int n_blocks = (S.n_quant + P.bt - 1) / P.bt;
+    const int b0 = part * P.part_blocks;
+    const int b1 = P.window_only ? b0 : b0 + P.part_blocks < n_blocks ? b0 + P.part_blocks : n_blocks;
+    const bool rot = P.mk.kind == VQ_CU_TQ_MSE;
+    for (int b = b0; b < b1; b++) {
+        const uint8_t *blk = S.table[(size_t)h * P.max_blocks + b];
+        int n = S.n_quant - b * P.bt < P.bt ? S.n_quant - b * P.bt : P.bt;
+        const int32_t *kpos = (const int32_t *)(blk + P.k_bytes + P.v_bytes);
+        for (int t0 = 0; t0 < n; t0 += TILE)
+            run_tile(P, sm, R, P.mk, P.mv, blk, blk + P.k_bytes, P.bt, kpos, t0, n - t0 < TILE ? n - t0 : TILE, acc,
+                     accw, false, rot);
+    }
+    /* the window: all of it in the last partition, or (window_only) the
+     * win_tile tokens of this thread block */
+    int w0 = 0, w1 = part == P.n_parts - 1 ? S.win_n : 0;
+    if (P.window_only) {
+        w0 = blockIdx.x * P.win_tile;
+        w1 = min(S.win_n, w0 + P.win_tile);
+    }
+    if (w1 > w0) {
+        /* the window holds plain fp16 rows: score with q itself and, when
+         * the values method has its own domain, sum into accw */
+        vq_cu_method f16;
+        memset(&f16, 0, sizeof f16);
+        f16.kind = VQ_CU_FP16;
+        f16.code_bytes = 2 * d;
+        const size_t wo = (size_t)h * P.win_cap;
+        const uint8_t *wk = (const uint8_t *)(S.win_k + wo * d), *wv = (const uint8_t *)(S.win_v + wo * d);
+        for (int t0 = w0; t0 < w1; t0 += TILE) {
+            int n = w1 - t0 < TILE ? w1 - t0 : TILE;
+            run_tile(P, sm, R, f16, f16, wk, wv, P.win_cap, S.win_pos + wo, t0, n, acc, accw, P.split, false);
+        }
+    }
+    float *out = P.partials +
+                 ((((size_t)seq * P.hkv + h) * P.row_chunks + rc) * P.n_parts + part) * RMAX * (size_t)P.part_w;
+    if (tid < R) {
+        out[(size_t)tid * P.part_w] = sm.m[tid];
+        out[(size_t)tid * P.part_w + 1] = sm.l[tid];
+    }
+#pragma unroll
+    for (int i = 0; i < CPT; i++) {
+        int c = tid + i * THREADS;
+        if (c >= d) break;
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) {
+            if (r >= R) break;
+            out[(size_t)r * P.part_w + 2 + c] = acc[i][r];
+            if (P.split) out[(size_t)r * P.part_w + 2 + d + c] = accw[i][r];
+        }
+    }
+}
+
+/* max (is_max) or sum of v over the thread block, in a fixed order; every
+ * thread gets the result. */
+__device__ float block_reduce(float v, bool is_max, float *red) {
+    for (int o = 16; o > 0; o /= 2) {
+        float x = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, x) : v + x;
+    }
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = red[0];
+    for (int w = 1; w < THREADS / 32; w++) v = is_max ? fmaxf(v, red[w]) : v + red[w];
+    __syncthreads();
+    return v;
+}
+
+/* One thread block per output row (grid: rows, kv heads, sequences). */
+__global__ void __launch_bounds__(THREADS) reduce_kernel(const __grid_constant__ params P) {
+    __shared__ float acc[VQ_CU_MAX_DIM];
+    __shared__ float wgt[1024];
+    const int row = blockIdx.x, h = blockIdx.y, seq = blockIdx.z, tid = threadIdx.x, d = P.d;
+    const int rc = row / RMAX, r = row % RMAX;
+    if (row >= P.rows) return;
+    const float *base = P.partials + (((size_t)seq * P.hkv + h) * P.row_chunks + rc) * P.n_parts * RMAX * (size_t)P.part_w;
+    /* the partitions' maxima and weights, spread over the threads (a
+     * serial loop over hundreds of partials is a chain of memory latencies) */
+    __shared__ float red[THREADS / 32];
+    float M = -INFINITY;
+    for (int p = tid; p < P.n_parts; p += THREADS) M = fmaxf(M, base[((size_t)p * RMAX + r) * P.part_w]);
+    M = block_reduce(M, true, red);
+    float L = 0;
+    for (int p = tid; p < P.n_parts; p += THREADS) {
+        const float *pr = base + ((size_t)p * RMAX + r) * P.part_w;
+        float w = pr[0] == -INFINITY ? 0.0f : __expf(pr[0] - M);
+        if (p < 1024) wgt[p] = w;
+        L += pr[1] * w;
+    }
+    L = block_reduce(L, false, red);
+    float a[CPT], aw[CPT];
+    for (int i = 0; i < CPT; i++) a[i] = aw[i] = 0;
+#pragma unroll 4
+    for (int p = 0; p < P.n_parts; p++) {
+        const float *pr = base + ((size_t)p * RMAX + r) * P.part_w;
+        float w = p < 1024 ? wgt[p] : (pr[0] == -INFINITY ? 0.0f : __expf(pr[0] - M));
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            int c = tid + i * THREADS;
+            if (c < d && w != 0) {
+                a[i] += pr[2 + c] * w;
+                if (P.split) aw[i] += pr[2 + d + c] * w;
+            }
+        }
+    }
+    if (P.split) { /* acc = R^T a: Hadamard, then signs and 1/sqrt(d) */
+#pragma unroll
+        for (int i = 0; i < CPT; i++)
+            if (tid + i * THREADS < d) acc[tid + i * THREADS] = a[i];
+        __syncthreads();
+        for (int hh = 1; hh < d; hh *= 2) {
+            for (int k = tid; k < d / 2; k += THREADS) {
+                int j = (k / hh) * 2 * hh + k % hh;
+                float x = acc[j], y = acc[j + hh];
+                acc[j] = x + y;
+                acc[j + hh] = x - y;
+            }
+            __syncthreads();
+        }
+        float sc = 1.0f / sqrtf((float)d);
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            int c = tid + i * THREADS;
+            if (c < d) a[i] = acc[c] * sc * P.mv.signs[c] + aw[i];
+        }
+    }
+    int qi = (rc * RMAX + r) / P.g, j = (rc * RMAX + r) % P.g;
+    size_t off = (((size_t)seq * P.n_q + qi) * P.hq + (size_t)h * P.g + j) * d;
+    float inv = L > 0 ? 1.0f / L : 0.0f;
+#pragma unroll
+    for (int i = 0; i < CPT; i++) {
+        int c = tid + i * THREADS;
+        if (c >= d) break;
+        if (P.out_f16) ((uint16_t *)P.out)[off + c] = vq_cu_f2h(a[i] * inv);
+        else ((float *)P.out)[off + c] = a[i] * inv;
+    }
+}
+
+extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, const vq_attend_args *a) {
+    const vq_cache *c = caches[0];
+    struct vq_cuda_cache *g = c->cuda;
+    cudaError_t e = cudaSetDevice(g->dev);
+    if (e != cudaSuccess) return vq_cu_fail(e, "selecting the device");
+    const int H = c->cfg.n_heads_kv, d = c->cfg.head_dim;
+    params P;
+    memset(&P, 0, sizeof P);
+    P.mk = g->mk;
+    P.mv = g->mv;
+    P.d = d;
+    P.bt = c->block_tokens;
+    P.win_cap = c->win_cap;
+    P.g = c->cfg.n_heads_q / H;
+    P.n_q = a->n_q;
+    P.hq = c->cfg.n_heads_q;
+    P.hkv = H;
+    P.rows = a->n_q * P.g;
+    P.row_chunks = (P.rows + RMAX - 1) / RMAX;
+    P.max_blocks = g->max_blocks;
+    P.split = g->mv.kind == VQ_CU_TQ_MSE;
+    P.part_w = 2 + d * (P.split ? 2 : 1);
+    P.k_bytes = c->k_bytes;
+    P.v_bytes = c->v_bytes;
+    P.scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)d);
+    int max_blocks = 0;
+    for (int i = 0; i < n; i++) {
+        int nb = (int)((caches[i]->streams[(size_t)layer * H].n_quant + P.bt - 1) / P.bt);
+        max_blocks = nb > max_blocks ? nb : max_blocks;
+    }
+    P.block_bytes = c->block_bytes;
+    /* enough thread blocks to fill the GPU, a partition at least one block
+     * (the tensor-core kernel: one block per warp) */
+    const bool fast = max_blocks > 0 && vq_cu_kivi_fast_ok(&P);
+    const int min_blocks = fast ? VQ_CU_KIVI_WARPS : 1;
+    long long pairs = (long long)n * H * P.row_chunks;
+    long long want = ((long long)g->n_sms * BLOCKS_PER_SM + pairs - 1) / pairs;
+    long long most = (max_blocks + min_blocks - 1) / min_blocks;
+    int parts = (int)(want < most ? want : most);
+    if (parts < 1) parts = 1;
+    P.part_blocks = max_blocks ? (max_blocks + parts - 1) / parts : 1;
+    P.n_parts = max_blocks ? (max_blocks + P.part_blocks - 1) / P.part_blocks : 1;
+    int fast_parts = P.n_parts, win_parts = 0;
+    if (fast) { /* one partial per warp, then the window's, WIN_TILE tokens each */
+        int max_win = 0;
+        for (int i = 0; i < n; i++) {
+            int w = caches[i]->streams[(size_t)layer * H].win_n;
+            max_win = w > max_win ? w : max_win;
+        }
+        win_parts = max_win ? (max_win + WIN_TILE - 1) / WIN_TILE : 1;
+        P.n_parts = fast_parts * VQ_CU_KIVI_WARPS + win_parts;
+    }
+    if (pairs * P.n_parts > 65535LL * 65535LL || (long long)H * P.row_chunks > 65535)
+        return vq_fail(VQ_ERR_ARG, "n_q=%d gives too many row chunks for one launch (at most %d rows per kv head)",
+                       a->n_q, 65535 / H * RMAX);
+    /* the sequences' descriptors and q positions: inline when they fit,
+     * else uploaded to the staging buffer */
+    size_t desc_bytes = sizeof(vq_cu_seq) * (size_t)n;
+    size_t n_qpos = a->q_pos ? (size_t)n * a->n_q : 0;
+    bool inline_seqs = n <= VQ_CU_INLINE_SEQS, inline_qpos = n_qpos <= VQ_CU_INLINE_QPOS;
+    vq_cu_seq *host = inline_seqs ? P.inline_seqs : (vq_cu_seq *)malloc(desc_bytes);
+    if (!host) return vq_fail(VQ_ERR_NOMEM, "out of memory for %d sequence descriptors", n);
+    for (int i = 0; i < n; i++) {
+        const vq_cache *ci = caches[i];
+        const struct vq_cuda_cache *gi = ci->cuda;
+        const vq_stream *s = &ci->streams[(size_t)layer * H];
+        size_t so = (size_t)layer * H;
+        int sel = gi->win_sel[layer];
+        host[i].table = gi->table_dev + so * gi->max_blocks;
+        host[i].win_k = gi->win_k[sel] + so * ci->win_cap * d;
+        host[i].win_v = gi->win_v[sel] + so * ci->win_cap * d;
+        host[i].win_pos = gi->win_pos[sel] + so * ci->win_cap;
+        host[i].n_quant = (int)s->n_quant;
+        host[i].win_n = s->win_n;
+        if (gi->max_blocks != g->max_blocks) {
+            if (!inline_seqs) free(host);
+            return vq_fail(VQ_ERR_ARG, "vq_attend_batch: cache %d has capacity %lld, cache 0 has %lld (they must match)",
+                           i, (long long)ci->cfg.capacity, (long long)c->cfg.capacity);
+        }
+    }
+    size_t up_desc = inline_seqs ? 0 : desc_bytes, up_qpos = inline_qpos ? 0 : n_qpos * sizeof(int32_t);
+    if (up_desc + up_qpos) {
+        vq_status st = vq_cu_staging(g, up_desc + up_qpos);
+        if (st) {
+            if (!inline_seqs) free(host);
+            return st;
+        }
+    }
+    e = cudaSuccess;
+    if (up_desc) {
+        e = cudaMemcpyAsync(g->staging, host, desc_bytes, cudaMemcpyHostToDevice, 0);
+        free(host);
+        P.seqs = (const vq_cu_seq *)g->staging;
+    } else {
+        P.n_inline_seqs = n;
+    }
+    if (e == cudaSuccess && up_qpos) {
+        e = cudaMemcpyAsync((char *)g->staging + up_desc, a->q_pos, up_qpos, cudaMemcpyHostToDevice, 0);
+        P.qpos = (const int32_t *)((char *)g->staging + up_desc);
+    } else if (n_qpos) {
+        memcpy(P.inline_qpos, a->q_pos, n_qpos * sizeof(int32_t));
+        P.n_inline_qpos = (int)n_qpos;
+    }
+    if (e != cudaSuccess) return vq_cu_fail(e, "uploading attention arguments");
+    size_t pbytes = sizeof(float) * (size_t)n * H * P.row_chunks * P.n_parts * RMAX * P.part_w;
+    if (g->partial_bytes < pbytes) {
+        cudaFree(g->partials);
+        g->partials = NULL;
+        g->partial_bytes = 0;
+        e = cudaMalloc(&g->partials, pbytes);
+        if (e != cudaSuccess) return vq_cu_fail(e, "allocating attention partials");
+        g->partial_bytes = pbytes;
+    }
+    P.partials = g->partials;
+    P.q = a->q;
+    P.out = a->out;
+    P.out_f16 = a->out_dtype == VQ_F16;
+    if (fast) {
+        e = vq_cu_kivi_fast_launch(&P, fast_parts, n);
+        P.part_base = P.n_parts - win_parts;
+        P.window_only = 1;
+        P.win_tile = WIN_TILE;
+        if (e == cudaSuccess) attend_kernel<<<dim3(win_parts, H * P.row_chunks, n), THREADS>>>(P);
+    } else {
+        attend_kernel<<<dim3(P.n_parts, H * P.row_chunks, n), THREADS>>>(P);
+    }
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        reduce_kernel<<<dim3(P.row_chunks * RMAX, H, n), THREADS>>>(P);
+        e = cudaGetLastError();
+    }
+    return e == cudaSuccess ? VQ_OK : vq_cu_fail(e, "launching attention");
+}

@@ -1,0 +1,428 @@
+/* Decode attention over KIVI keys and values (2 or 4 bits, head dim 128,
+ * one query token, up to 8 q heads per kv head, blocks of up to 64 tokens)
+ * on the tensor cores.
+ *
+ * Each warp streams whole blocks (codes, scales, positions: one contiguous
+ * allocation) into shared memory with 16-byte cp.async copies, one block
+ * ahead, and keeps its own online-softmax state; every warp writes its own
+ * partial (max, sum, acc), merged by the reduction kernel (attend.cu).
+ *
+ * Scores, per 16 tokens: S^T = C^T Q' with mma.sync m16n8k16 (fp16 in,
+ * fp32 accumulate): A = the key codes (exact in fp16 via the 0x6400 trick:
+ * the half with bits 0x6400 | c is 1024 + c), B = Q'[c][n] = q_n,c *
+ * scale_g,c (the key group's per-channel scale folded into q once per
+ * group, as an fp16 hi + lo pair, so the scores keep about fp32 accuracy),
+ * plus sum_c q_n,c zero_g,c in fp32. Values, per 16 tokens: O^T += V^T P
+ * with A = the values dequantized in fp16 (code * scale + zero of the
+ * token's channel group, one HFMA2 per two codes) and B = the
+ * probabilities in fp16. The dot products run over the channels (keys) and
+ * tokens (values) in whatever order makes the packed bytes land in the mma
+ * fragments cheaply; the B operands use the same order, so the sums are
+ * the same.
+ *
+ * Fragment layout of m16n8k16 (lane = 4 i + j): A regs {row i, k 2j..2j+1},
+ * {row i+8, k 2j..}, {row i, k 2j+8..}, {row i+8, k 2j+8..}; B regs {k 2j..
+ * 2j+1, col i}, {k 2j+8.., col i}; C {row i, col 2j..2j+1}, {row i+8, ..}. */
+#include "codes.cuh"
+
+#include <math.h>
+
+#define WARPS VQ_CU_KIVI_WARPS
+#define D 128
+#define STAGES 2 /* blocks in flight per warp */
+#define MAX_BT 64 /* tokens per block (the default block of KIVI with group 32 or 64) */
+#define SMEM_LIMIT (110 * 1024) /* at least two thread blocks per SM (three for 2-bit) */
+/* Row stride of the probabilities in shared memory: bt + 20 words puts the
+ * 32 lanes of both the writes (score layout) and the reads (value layout)
+ * in 32 different banks (bt is a multiple of 32). */
+#define PS_PAD 20
+
+static __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Two codes (bits of `mask` at both halves of x) as an exact half2. */
+static __device__ __forceinline__ uint32_t codes_h2(uint32_t x, uint32_t mask) {
+    uint32_t h = (x & mask) | 0x64006400u;
+    __half2 v = __hsub2(*(__half2 *)&h, __half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400)));
+    return *(uint32_t *)&v;
+}
+
+/* Two value codes dequantized in fp16: code * scale + zero. */
+static __device__ __forceinline__ uint32_t values_h2(uint32_t x, uint32_t mask, uint32_t scale, uint32_t zero) {
+    uint32_t c = codes_h2(x, mask);
+    __half2 v = __hfma2(*(__half2 *)&c, *(__half2 *)&scale, *(__half2 *)&zero);
+    return *(uint32_t *)&v;
+}
+
+static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* The key channel that lane group j's k-step s, element e (0, 1: A reg 0/1
+ * halves; 2, 3: A reg 2/3 halves) stands for. */
+template <int KB>
+static __device__ __forceinline__ int key_channel(int j, int s, int e) {
+    if (KB == 2) return 8 * j + (s >> 1) + 4 * (e & 1) + 32 * ((s & 1) * 2 + (e >> 1));
+    return 16 * j + s + 8 * (e & 1) + 64 * (e >> 1);
+}
+
+/* The value channel of tile T, m-row i (+8 when hi). Tiles: (slot, half,
+ * pair u); 2 bits: 4 slots x 2 pairs, 4 bits: 2 slots x 2 halves x 2. */
+template <int VB>
+static __device__ __forceinline__ int value_channel(int T, int i, int hi) {
+    int u = T & 1, h = VB == 4 ? (T >> 1) & 1 : 0, slot = VB == 4 ? T >> 2 : T >> 1;
+    return 32 * h + 4 * i + 2 * u + hi + (VB == 2 ? 32 : 64) * slot;
+}
+
+/* The 32 per-channel key parameters (fp16) lane group j needs, by
+ * s * 4 + e (key_channel's order), read with 16-byte loads: its channels
+ * are runs of 8 (2 bits) or 16 (4 bits) consecutive ones. */
+template <int KB>
+static __device__ __forceinline__ void load_key_meta(const uint16_t *m, int j, float (&out)[32]) {
+#pragma unroll
+    for (int run = 0; run < (KB == 2 ? 4 : 2); run++) {
+#pragma unroll
+        for (int part = 0; part < (KB == 2 ? 1 : 2); part++) {
+            uint4 x = *(const uint4 *)(m + (KB == 2 ? 8 * j + 32 * run : 16 * j + 64 * run + 8 * part));
+            const uint32_t wv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float2 f = __half22float2(*(const __half2 *)&wv[k]);
+#pragma unroll
+                for (int hlf = 0; hlf < 2; hlf++) {
+                    int w = (KB == 2 ? 0 : 8 * part) + 2 * k + hlf; /* index inside the run */
+                    int s_, e_;
+                    if (KB == 2) {
+                        s_ = 2 * (w & 3) + (run >> 1);
+                        e_ = (w >> 2) + 2 * (run & 1);
+                    } else {
+                        s_ = w & 7;
+                        e_ = (w >> 3) + 2 * run;
+                    }
+                    out[s_ * 4 + e_] = hlf ? f.y : f.x;
+                }
+            }
+        }
+    }
+}
+
+template <int KB, int VB, int GV>
+__global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_constant__ vq_cu_attn P) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i = lane >> 2, j = lane & 3;
+    const int h = blockIdx.y, seq = blockIdx.z, part = blockIdx.x;
+    const int bt = P.bt, bb = (int)P.block_bytes;
+    const int pst = bt + PS_PAD;
+    unsigned char *stage0 = smem + (size_t)warp * (STAGES * bb + 8 * pst * 4);
+    float *ps = (float *)(stage0 + (size_t)STAGES * bb); /* [8 rows][pst] probabilities */
+    const vq_cu_seq S = vq_cu_seq_at(P, seq);
+    const int n_blocks = (S.n_quant + bt - 1) / bt;
+    const int b0 = part * P.part_blocks, b1 = min(b0 + P.part_blocks, n_blocks);
+    uint8_t *const *table = S.table + (size_t)h * P.max_blocks;
+
+    /* q of row n = i (zero past the group), scaled for exp2 */
+    const float qs = P.scale * 1.4426950408889634f;
+    float qf[32];
+    const int g = P.g;
+#pragma unroll
+    for (int s = 0; s < 8; s++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int c = key_channel<KB>(j, s, e);
+            qf[s * 4 + e] = i < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + i) * D + c] * qs : 0.0f;
+        }
+    const int32_t qpos = vq_cu_has_qpos(P) ? vq_cu_qpos_at(P, seq) : INT32_MAX;
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}; /* rows 2j, 2j+1 (log2 units) */
+    float acc[8][4];
+#pragma unroll
+    for (int T = 0; T < 8; T++) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0;
+
+    const int GK = P.mk.group;
+    const int kcb = KB * D / 8, vcb = VB * D / 8;
+    const int chunks = bb / 16;
+    auto issue = [&](int k) { /* the warp's k-th block into stage k % STAGES */
+        int b = b0 + warp + k * WARPS;
+        if (b < b1) {
+            const uint8_t *src = table[b];
+            unsigned char *dst = stage0 + (size_t)(k % STAGES) * bb;
+            for (int x = lane; x < chunks; x += 32) cp_async16(dst + 16 * x, src + 16 * x);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; k++) issue(k);
+
+    for (int k = 0; b0 + warp + k * WARPS < b1; k++) {
+        issue(k + STAGES - 1);
+        cp_async_wait<STAGES - 1>();
+        __syncwarp();
+        const int b = b0 + warp + k * WARPS;
+        const unsigned char *blk = stage0 + (size_t)(k % STAGES) * bb;
+        const int n = min(bt, S.n_quant - b * bt);
+        const uint16_t *kmeta = (const uint16_t *)(blk + (size_t)bt * kcb);
+        const unsigned char *vblk = blk + P.k_bytes;
+        const uint16_t *vmeta = (const uint16_t *)(vblk + (size_t)bt * vcb);
+        const int32_t *kpos = (const int32_t *)(blk + P.k_bytes + P.v_bytes);
+        float mx[2] = {-INFINITY, -INFINITY};
+        /* scores of the block, two 16-token tiles at a time (both in one key
+         * group: groups are multiples of 32 tokens); at most 4 tiles */
+        float sc[MAX_BT / 16][4];
+        uint32_t bqh[8][2], bql[8][2]; /* Q' = hi + lo, two fp16 terms: fp32-like accuracy */
+        float qz0 = 0, qz1 = 0;
+#pragma unroll
+        for (int tp = 0; tp < MAX_BT / 32; tp++) {
+            if (tp * 32 >= bt) break;
+            const int t0 = tp * 32;
+            if (t0 % GK == 0) { /* a new key group: fold its scales into q */
+                const uint16_t *ksc = kmeta + (size_t)(t0 / GK) * 2 * D, *kz = ksc + D;
+                float sf[32], zf[32]; /* by s * 4 + e */
+                load_key_meta<KB>(ksc, j, sf);
+                load_key_meta<KB>(kz, j, zf);
+                float qz = 0;
+#pragma unroll
+                for (int s = 0; s < 8; s++) {
+                    float v[4], lo[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        v[e] = qf[s * 4 + e] * sf[s * 4 + e];
+                        qz += qf[s * 4 + e] * zf[s * 4 + e];
+                    }
+                    bqh[s][0] = pack_h2(v[0], v[1]);
+                    bqh[s][1] = pack_h2(v[2], v[3]);
+                    float2 h01 = __half22float2(*(const __half2 *)&bqh[s][0]);
+                    float2 h23 = __half22float2(*(const __half2 *)&bqh[s][1]);
+                    lo[0] = v[0] - h01.x, lo[1] = v[1] - h01.y, lo[2] = v[2] - h23.x, lo[3] = v[3] - h23.y;
+                    bql[s][0] = pack_h2(lo[0], lo[1]);
+                    bql[s][1] = pack_h2(lo[2], lo[3]);
+                }
+                qz += __shfl_xor_sync(0xffffffffu, qz, 1);
+                qz += __shfl_xor_sync(0xffffffffu, qz, 2);
+                qz0 = __shfl_sync(0xffffffffu, qz, (2 * j) * 4);
+                qz1 = __shfl_sync(0xffffffffu, qz, (2 * j + 1) * 4);
+            }
+            /* four accumulators (2 tiles x hi/lo) keep four mma chains in flight */
+            float ch[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, cl[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+            if (KB == 2) {
+                uint2 x[2][2];
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++) {
+                    x[tt][0] = *(const uint2 *)(blk + (size_t)(t0 + 16 * tt + i) * kcb + 8 * j);
+                    x[tt][1] = *(const uint2 *)(blk + (size_t)(t0 + 16 * tt + i + 8) * kcb + 8 * j);
+                }
+#pragma unroll
+                for (int s = 0; s < 8; s++) {
+                    int sp = s >> 1, sh = (s & 1) * 4;
+                    uint32_t sel = sp | (sp << 4) | ((4 + sp) << 8) | ((4 + sp) << 12);
+#pragma unroll
+                    for (int tt = 0; tt < 2; tt++) {
+                        uint32_t p0 = __byte_perm(x[tt][0].x, x[tt][0].y, sel) >> sh;
+                        uint32_t p1 = __byte_perm(x[tt][1].x, x[tt][1].y, sel) >> sh;
+                        uint32_t a0 = codes_h2(p0, 0x00030003u), a1 = codes_h2(p1, 0x00030003u);
+                        uint32_t a2 = codes_h2(p0 >> 2, 0x00030003u), a3 = codes_h2(p1 >> 2, 0x00030003u);
+                        mma16816(ch[tt], a0, a1, a2, a3, bqh[s][0], bqh[s][1]);
+                        mma16816(cl[tt], a0, a1, a2, a3, bql[s][0], bql[s][1]);
+                    }
+                }
+            } else {
+                uint4 x[2][2];
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++) {
+                    x[tt][0] = *(const uint4 *)(blk + (size_t)(t0 + 16 * tt + i) * kcb + 16 * j);
+                    x[tt][1] = *(const uint4 *)(blk + (size_t)(t0 + 16 * tt + i + 8) * kcb + 16 * j);
+                }
+#pragma unroll
+                for (int s = 0; s < 8; s++) {
+                    int by = s & 3;
+                    uint32_t sel = by | (by << 4) | ((4 + by) << 8) | ((4 + by) << 12);
+#pragma unroll
+                    for (int tt = 0; tt < 2; tt++) {
+                        const uint4 &r0 = x[tt][0], &r1 = x[tt][1];
+                        uint32_t p0 = s < 4 ? __byte_perm(r0.x, r0.z, sel) : __byte_perm(r0.y, r0.w, sel);
+                        uint32_t p1 = s < 4 ? __byte_perm(r1.x, r1.z, sel) : __byte_perm(r1.y, r1.w, sel);
+                        uint32_t a0 = codes_h2(p0, 0x000F000Fu), a1 = codes_h2(p1, 0x000F000Fu);
+                        uint32_t a2 = codes_h2(p0 >> 4, 0x000F000Fu), a3 = codes_h2(p1 >> 4, 0x000F000Fu);
+                        mma16816(ch[tt], a0, a1, a2, a3, bqh[s][0], bqh[s][1]);
+                        mma16816(cl[tt], a0, a1, a2, a3, bql[s][0], bql[s][1]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) {
+                const int t16 = tp * 2 + tt;
+                int ta = t0 + 16 * tt + i, tb = ta + 8;
+                bool va = ta < n && kpos[ta] <= qpos, vb = tb < n && kpos[tb] <= qpos;
+                sc[t16][0] = va ? ch[tt][0] + cl[tt][0] + qz0 : -INFINITY;
+                sc[t16][1] = va ? ch[tt][1] + cl[tt][1] + qz1 : -INFINITY;
+                sc[t16][2] = vb ? ch[tt][2] + cl[tt][2] + qz0 : -INFINITY;
+                sc[t16][3] = vb ? ch[tt][3] + cl[tt][3] + qz1 : -INFINITY;
+                mx[0] = fmaxf(mx[0], fmaxf(sc[t16][0], sc[t16][2]));
+                mx[1] = fmaxf(mx[1], fmaxf(sc[t16][1], sc[t16][3]));
+            }
+        }
+        /* online softmax: rows 2j, 2j+1 over the block */
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            for (int o = 4; o < 32; o *= 2) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o));
+            float mnew = fmaxf(m[r], mx[r]);
+            alpha[r] = m[r] == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f) : exp2f(m[r] - mnew);
+            m[r] = mnew;
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int t16 = 0; t16 < MAX_BT / 16; t16++) {
+            if (t16 * 16 >= bt) break;
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                int r = x & 1;
+                float p = m[r] == -INFINITY ? 0.0f : exp2f(sc[t16][x] - m[r]);
+                l[r] += p;
+                ps[(2 * j + r) * pst + t16 * 16 + i + (x >> 1) * 8] = p;
+            }
+        }
+#pragma unroll
+        for (int T = 0; T < 8; T++) {
+            acc[T][0] *= alpha[0];
+            acc[T][1] *= alpha[1];
+            acc[T][2] *= alpha[0];
+            acc[T][3] *= alpha[1];
+        }
+        __syncwarp();
+        /* values: 16 tokens per k-step; lane group j takes tokens 4j + ((q + j) & 3) */
+        for (int t0 = 0; t0 < bt; t0 += 16) {
+            int tq[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) tq[q] = t0 + 4 * j + ((q + j) & 3);
+            /* B = the probabilities; A = the values dequantized to fp16,
+             * code * scale + zero with the token's scale and zero of the
+             * tile's channel group (padding tokens: p = 0 and scale = zero
+             * = 0, whatever their bytes hold) */
+            float p[4];
+            uint32_t mw[4][4]; /* [q][group]: (scale, zero) as two halves */
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                bool ok = tq[q] < n;
+                p[q] = ok ? ps[i * pst + tq[q]] : 0.0f;
+                const uint32_t *mp = (const uint32_t *)(vmeta + (size_t)tq[q] * (D / GV) * 2);
+                mw[q][0] = mw[q][1] = mw[q][2] = mw[q][3] = 0;
+                if (GV == 32) {
+                    uint4 x = *(const uint4 *)mp;
+                    mw[q][0] = x.x, mw[q][1] = x.y, mw[q][2] = x.z, mw[q][3] = x.w;
+                } else if (GV == 64) {
+                    uint2 x = *(const uint2 *)mp;
+                    mw[q][0] = x.x, mw[q][1] = x.y;
+                } else {
+                    mw[q][0] = *mp;
+                }
+                if (!ok) mw[q][0] = mw[q][1] = mw[q][2] = mw[q][3] = 0;
+            }
+            const uint32_t bp0 = pack_h2(p[0], p[1]), bp1 = pack_h2(p[2], p[3]);
+#pragma unroll
+            for (int hh = 0; hh < (VB == 4 ? 2 : 1); hh++) {
+                uint32_t w[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) w[q] = *(const uint32_t *)(vblk + (size_t)tq[q] * vcb + 4 * (i + 8 * hh));
+#pragma unroll
+                for (int slot = 0; slot < 8 / VB; slot++) {
+                    const int gr = (32 * hh + (VB == 2 ? 32 : 64) * slot) / GV;
+                    const uint32_t s01 = __byte_perm(mw[0][gr], mw[1][gr], 0x5410);
+                    const uint32_t z01 = __byte_perm(mw[0][gr], mw[1][gr], 0x7632);
+                    const uint32_t s23 = __byte_perm(mw[2][gr], mw[3][gr], 0x5410);
+                    const uint32_t z23 = __byte_perm(mw[2][gr], mw[3][gr], 0x7632);
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        uint32_t sel = (2 * u) | ((2 * u + 1) << 4) | ((4 + 2 * u) << 8) | ((5 + 2 * u) << 12);
+                        uint32_t y01 = __byte_perm(w[0], w[1], sel), y23 = __byte_perm(w[2], w[3], sel);
+                        const int T = VB == 4 ? slot * 4 + hh * 2 + u : slot * 2 + u;
+                        const uint32_t mask = VB == 2 ? 0x00030003u : 0x000F000Fu;
+                        const int sh = VB * slot;
+                        mma16816(acc[T], values_h2(y01 >> sh, mask, s01, z01), values_h2(y01 >> (8 + sh), mask, s01, z01),
+                                 values_h2(y23 >> sh, mask, s23, z23), values_h2(y23 >> (8 + sh), mask, s23, z23), bp0,
+                                 bp1);
+                    }
+                }
+            }
+        }
+        __syncwarp();
+    }
+    cp_async_wait<0>();
+    /* this warp's partial: rows 2j, 2j+1 from lanes i == 0 after the sums */
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        for (int o = 4; o < 32; o *= 2) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o);
+    const int slot_idx = part * WARPS + warp;
+    float *out = P.partials + (((size_t)seq * P.hkv + h) * P.n_parts + slot_idx) * VQ_CU_RMAX * (size_t)P.part_w;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = 2 * j + r;
+        if (row >= g) continue;
+        float *o = out + (size_t)row * P.part_w;
+        if (i == 0) {
+            o[0] = m[r] * 0.6931471805599453f; /* back to natural-log units */
+            o[1] = l[r];
+        }
+#pragma unroll
+        for (int T = 0; T < 8; T++) {
+            int c0 = value_channel<VB>(T, i, 0), c1 = value_channel<VB>(T, i, 1);
+            o[2 + c0] = acc[T][r];
+            o[2 + c1] = acc[T][2 + r];
+        }
+    }
+}
+
+static size_t smem_bytes(const vq_cu_attn *P) {
+    return (size_t)WARPS * (STAGES * P->block_bytes + 8 * (size_t)(P->bt + PS_PAD) * 4);
+}
+
+bool vq_cu_kivi_fast_ok(const vq_cu_attn *P) {
+    return P->mk.kind == VQ_CU_KIVI && P->mv.kind == VQ_CU_KIVI && (P->mk.bits == 2 || P->mk.bits == 4) &&
+           (P->mv.bits == 2 || P->mv.bits == 4) && P->d == D && P->n_q == 1 && P->g <= 8 && P->bt % 32 == 0 &&
+           P->bt <= MAX_BT && smem_bytes(P) <= SMEM_LIMIT;
+}
+
+template <int KB, int VB, int GV>
+static cudaError_t launch(const vq_cu_attn *P, int parts, int n_seqs) {
+    size_t sm = smem_bytes(P);
+    /* the limit (per device) only grows; setting it is a driver call, so
+     * it is done once per size */
+    static int limit_set[64];
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev >= 64 || (int)sm > limit_set[dev]) {
+        cudaError_t e = cudaFuncSetAttribute(kivi_decode<KB, VB, GV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        if (e != cudaSuccess) return e;
+        if (dev < 64) limit_set[dev] = (int)sm;
+    }
+    kivi_decode<KB, VB, GV><<<dim3(parts, P->hkv, n_seqs), WARPS * 32, sm>>>(*P);
+    return cudaGetLastError();
+}
+
+template <int KB, int VB>
+static cudaError_t launch_group(const vq_cu_attn *P, int parts, int n_seqs) {
+    if (P->mv.group == 32) return launch<KB, VB, 32>(P, parts, n_seqs);
+    if (P->mv.group == 64) return launch<KB, VB, 64>(P, parts, n_seqs);
+    return launch<KB, VB, 128>(P, parts, n_seqs);
+}
+
+cudaError_t vq_cu_kivi_fast_launch(const vq_cu_attn *P, int parts, int n_seqs) {
+    int kb = P->mk.bits, vb = P->mv.bits;
+    if (kb == 2 && vb == 2) return launch_group<2, 2>(P, parts, n_seqs);
+    if (kb == 2 && vb == 4) return launch_group<2, 4>(P, parts, n_seqs);
+    if (kb == 4 && vb == 2) return launch_group<4, 2>(P, parts, n_seqs);
+    return launch_group<4, 4>(P, parts, n_seqs);
+}

@@ -1,0 +1,312 @@
+/* CUDA caches against the CPU implementation on the same data: encode
+ * (block bytes compared with a CPU cache fed the same tokens) and attention
+ * (GPU output vs the CPU attention run on a host copy of the GPU cache, the
+ * same compressed data, within 1e-3 relative). Exits 77 (skipped) without a
+ * usable GPU. */
+#include "check.h"
+#include "vq_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SKIP 77
+
+#if VQ_TEST_CUDA
+#include <cuda_runtime_api.h>
+
+static void *to_device(const void *src, size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return NULL;
+    cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice);
+    return p;
+}
+
+static void fill(float *x, size_t n, vq_rng *r) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)vq_rng_normal(r) * (i % 7 == 0 ? 3.0f : 1.0f);
+}
+
+/* Converts fp32 rows to the dtype as a host buffer (bf16/f16 bits). */
+static void *as_dtype(const float *x, size_t n, vq_dtype dt) {
+    if (dt == VQ_F32) {
+        float *o = malloc(n * 4);
+        memcpy(o, x, n * 4);
+        return o;
+    }
+    uint16_t *o = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) o[i] = dt == VQ_F16 ? vq_f32_to_f16(x[i]) : vq_f32_to_bf16(x[i]);
+    return o;
+}
+
+typedef struct {
+    vq_cache *gpu, *cpu;
+} pair;
+
+static pair make_pair(const char *spec, int hq, int hkv, int d, int64_t cap, int layers) {
+    vq_cache_config cfg = {.n_layers = layers, .n_heads_q = hq, .n_heads_kv = hkv, .head_dim = d, .kv_spec = spec,
+                           .capacity = cap};
+    pair p = {NULL, NULL};
+    vq_status st = vq_cache_create(&cfg, &p.cpu);
+    CHECK(st == VQ_OK, "cpu create %s: %s", spec, vq_last_error());
+    cfg.device = VQ_DEVICE_CUDA;
+    st = vq_cache_create(&cfg, &p.gpu);
+    CHECK(st == VQ_OK, "gpu create %s: %s", spec, vq_last_error());
+    return p;
+}
+
+/* Appends the same n tokens to both caches of a pair, in `pieces` calls. */
+static void append_both(pair *p, int layer, int n, int pieces, vq_dtype dt, vq_rng *r, int with_pos) {
+    int H = p->cpu->cfg.n_heads_kv, d = p->cpu->cfg.head_dim;
+    size_t rows = (size_t)n * H * d;
+    float *k = malloc(rows * 4), *v = malloc(rows * 4);
+    fill(k, rows, r);
+    fill(v, rows, r);
+    void *kh = as_dtype(k, rows, dt), *vh = as_dtype(v, rows, dt);
+    size_t es = vq_dtype_size(dt);
+    void *kd = to_device(kh, rows * es), *vd = to_device(vh, rows * es);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t last = vq_cache_last_pos(p->cpu, layer);
+    for (int i = 0; i < n; i++) pos[i] = last + 1 + 2 * i; /* gaps: positions are not indices */
+    int done = 0;
+    for (int piece = 0; piece < pieces; piece++) {
+        int m = piece == pieces - 1 ? n - done : n / pieces;
+        size_t off = (size_t)done * H * d * es;
+        vq_status a = vq_cache_append(p->cpu, layer, m, (char *)kh + off, (char *)vh + off, dt,
+                                      with_pos ? pos + done : NULL);
+        vq_status b = vq_cache_append(p->gpu, layer, m, (char *)kd + off, (char *)vd + off, dt,
+                                      with_pos ? pos + done : NULL);
+        CHECK(a == VQ_OK && b == VQ_OK, "append: %s", vq_last_error());
+        done += m;
+    }
+    CHECK(vq_cache_tokens(p->gpu, layer) == vq_cache_tokens(p->cpu, layer), "token counts differ");
+    CHECK(vq_cache_last_pos(p->gpu, layer) == vq_cache_last_pos(p->cpu, layer), "last positions differ");
+    cudaFree(kd);
+    cudaFree(vd);
+    free(k), free(v), free(kh), free(vh), free(pos);
+}
+
+/* Compares the GPU cache's bytes with the CPU cache's. Returns the number
+ * of differing payload bytes (positions and the window must match). */
+static size_t compare_bytes(pair *p, const char *what) {
+    vq_cache *h = NULL;
+    CHECK(vq_cache_to_host(p->gpu, &h) == VQ_OK, "to_host: %s", vq_last_error());
+    if (!h) return (size_t)-1;
+    const vq_cache *c = p->cpu;
+    size_t diff = 0, n_streams = (size_t)c->cfg.n_layers * c->cfg.n_heads_kv;
+    int d = c->cfg.head_dim, bt = c->block_tokens;
+    for (size_t i = 0; i < n_streams; i++) {
+        const vq_stream *a = &c->streams[i], *b = &h->streams[i];
+        CHECK(a->n_quant == b->n_quant && a->win_n == b->win_n, "%s: counts differ in stream %zu", what, i);
+        for (int blk = 0; blk < a->n_blocks && blk < b->n_blocks; blk++) {
+            int n = (int)(a->n_quant - (int64_t)blk * bt < bt ? a->n_quant - (int64_t)blk * bt : bt);
+            /* compare the filled part of the payloads token by token via decode-free byte ranges */
+            const uint8_t *x = a->blocks[blk], *y = b->blocks[blk];
+            CHECK(memcmp(vq_block_pos(c, (uint8_t *)x), vq_block_pos(h, (uint8_t *)y), sizeof(int32_t) * n) == 0,
+                  "%s: block positions differ", what);
+            if (n == bt)
+                for (size_t j = 0; j < c->k_bytes + c->v_bytes; j++) diff += x[j] != y[j];
+        }
+        CHECK(memcmp(a->win_k, b->win_k, (size_t)a->win_n * d * 2) == 0, "%s: window keys differ", what);
+        CHECK(memcmp(a->win_v, b->win_v, (size_t)a->win_n * d * 2) == 0, "%s: window values differ", what);
+        CHECK(memcmp(a->win_pos, b->win_pos, sizeof(int32_t) * a->win_n) == 0, "%s: window positions differ", what);
+    }
+    vq_cache_free(h);
+    return diff;
+}
+
+/* GPU attention over caches[0..n) vs the CPU attention on host copies. */
+static double attend_err(vq_cache **gpu, int n, int layer, int n_q, int causal, vq_dtype out_dt, vq_rng *r) {
+    const vq_cache_config *cfg = &gpu[0]->cfg;
+    size_t rows = (size_t)n * n_q * cfg->n_heads_q * cfg->head_dim;
+    float *q = malloc(rows * 4);
+    fill(q, rows, r);
+    int32_t *qpos = malloc(sizeof(int32_t) * (size_t)n * n_q);
+    for (int i = 0; i < n; i++) {
+        int32_t last = vq_cache_last_pos(gpu[i], layer);
+        /* causal rows see a prefix: the last n_q positions step back */
+        for (int j = 0; j < n_q; j++) qpos[i * n_q + j] = last - 3 * (n_q - 1 - j);
+    }
+    size_t es = vq_dtype_size(out_dt);
+    void *qd = to_device(q, rows * 4), *od = NULL;
+    cudaMalloc(&od, rows * es);
+    cudaMemset(od, 0xff, rows * es); /* NaN poison: every element must be written */
+    vq_attend_args a = {.n_q = n_q, .q = qd, .q_pos = causal ? qpos : NULL, .out = od, .out_dtype = out_dt};
+    vq_status st = n == 1 ? vq_attend(gpu[0], layer, &a) : vq_attend_batch(gpu, n, layer, &a);
+    CHECK(st == VQ_OK, "gpu attend: %s", vq_last_error());
+    CHECK(vq_cuda_synchronize() == VQ_OK, "sync: %s", vq_last_error());
+    void *og = malloc(rows * es);
+    cudaMemcpy(og, od, rows * es, cudaMemcpyDeviceToHost);
+    float *oc = malloc(rows * 4);
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        vq_cache *h = NULL;
+        CHECK(vq_cache_to_host(gpu[i], &h) == VQ_OK, "to_host: %s", vq_last_error());
+        size_t per = (size_t)n_q * cfg->n_heads_q * cfg->head_dim;
+        vq_attend_args b = {.n_q = n_q, .q = q + per * i, .q_pos = causal ? qpos + i * n_q : NULL,
+                            .out = oc + per * i, .out_dtype = VQ_F32};
+        CHECK(vq_attend(h, layer, &b) == VQ_OK, "cpu attend: %s", vq_last_error());
+        vq_cache_free(h);
+    }
+    for (size_t i = 0; i < rows; i++) {
+        double g = out_dt == VQ_F32 ? ((float *)og)[i] : vq_f16_to_f32(((uint16_t *)og)[i]);
+        if (isnan(g)) {
+            num = INFINITY;
+            break;
+        }
+        num += (g - oc[i]) * (g - oc[i]);
+        den += (double)oc[i] * oc[i];
+    }
+    cudaFree(qd);
+    cudaFree(od);
+    free(q), free(qpos), free(og), free(oc);
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void free_pair(pair *p) {
+    vq_cache_free(p->gpu);
+    vq_cache_free(p->cpu);
+}
+
+typedef struct {
+    const char *spec;
+    int hq, hkv, d, n, pieces;
+    vq_dtype dt;
+    int exact; /* codes must match the CPU's bit for bit */
+} case_t;
+
+static void run_case(const case_t *t, vq_rng *r) {
+    pair p = make_pair(t->spec, t->hq, t->hkv, t->d, 4096, 2);
+    if (!p.gpu || !p.cpu) {
+        free_pair(&p);
+        return;
+    }
+    append_both(&p, 1, t->n, t->pieces, t->dt, r, 1);
+    size_t diff = compare_bytes(&p, t->spec);
+    size_t total = (size_t)(t->n / p.cpu->block_tokens) * t->hkv * (p.cpu->k_bytes + p.cpu->v_bytes);
+    if (t->exact) CHECK(diff == 0, "%s: %zu of %zu block bytes differ from the CPU encoder", t->spec, diff, total);
+    else CHECK(diff * 1000 <= total, "%s: %zu of %zu block bytes differ from the CPU encoder", t->spec, diff, total);
+    if (diff) printf("%s: %zu of %zu block bytes differ from the CPU encoder\n", t->spec, diff, total);
+    double e1 = attend_err(&p.gpu, 1, 1, 1, 0, VQ_F32, r);
+    /* 70 causal rows: more q positions than the launch arguments hold */
+    double e2 = attend_err(&p.gpu, 1, 1, 70, 1, VQ_F32, r);
+    double e3 = attend_err(&p.gpu, 1, 1, 1, 1, VQ_F16, r);
+    CHECK(e1 < 1e-3 && e2 < 1e-3 && e3 < 2e-3, "%s: relative error decode %.2e, prefill %.2e, fp16 out %.2e",
+          t->spec, e1, e2, e3);
+    printf("%-40s hq %2d hkv %d d %3d n %4d: decode %.1e prefill %.1e f16 %.1e\n", t->spec, t->hq, t->hkv, t->d,
+           t->n, e1, e2, e3);
+    /* layer 0 stays empty: every row sees nothing and gets zeros */
+    double e0 = attend_err(&p.gpu, 1, 0, 1, 0, VQ_F32, r);
+    CHECK(e0 == 0, "%s: empty layer: error %.2e", t->spec, e0);
+    free_pair(&p);
+}
+
+static void test_batch(vq_rng *r) {
+    vq_cache *g[3];
+    pair p[3];
+    int lens[3] = {1000, 37, 2500};
+    for (int i = 0; i < 3; i++) {
+        p[i] = make_pair("kivi:bits=2", 32, 8, 128, 4096, 1);
+        if (!p[i].gpu) return;
+        append_both(&p[i], 0, lens[i], 2, VQ_BF16, r, 0);
+        g[i] = p[i].gpu;
+    }
+    double e = attend_err(g, 3, 0, 1, 0, VQ_F32, r);
+    CHECK(e < 1e-3, "batch of 3: relative error %.2e", e);
+    double e2 = attend_err(g, 3, 0, 3, 1, VQ_F32, r);
+    CHECK(e2 < 1e-3, "batch of 3, 3 causal rows: relative error %.2e", e2);
+    printf("batch of 3 (lengths 1000, 37, 2500): decode %.1e, 3 causal rows %.1e\n", e, e2);
+    for (int i = 0; i < 3; i++) free_pair(&p[i]);
+}
+
+static void test_errors(vq_rng *r) {
+    vq_cache_config cfg = {.n_layers = 1, .n_heads_q = 4, .n_heads_kv = 1, .head_dim = 128, .kv_spec = "kivi",
+                           .device = VQ_DEVICE_CUDA};
+    vq_cache *c = NULL;
+    CHECK(vq_cache_create(&cfg, &c) == VQ_ERR_ARG && strstr(vq_last_error(), "capacity"), "capacity 0: %s",
+          vq_last_error());
+    cfg.capacity = 100;
+    cfg.head_dim = 72;
+    CHECK(vq_cache_create(&cfg, &c) == VQ_ERR_UNSUPPORTED, "head dim 72: %s", vq_last_error());
+    cfg.head_dim = 128;
+    cfg.kv_spec = "k=qjl;v=kivi";
+    CHECK(vq_cache_create(&cfg, &c) == VQ_ERR_UNSUPPORTED, "qjl: %s", vq_last_error());
+    cfg.kv_spec = "kivi";
+    cfg.device_index = 99;
+    CHECK(vq_cache_create(&cfg, &c) == VQ_ERR_ARG, "device 99: %s", vq_last_error());
+    cfg.device_index = 0;
+    CHECK(vq_cache_create(&cfg, &c) == VQ_OK, "create: %s", vq_last_error());
+    float *x = NULL;
+    cudaMalloc((void **)&x, 128 * 101 * 4);
+    cudaMemset(x, 0, 128 * 101 * 4);
+    CHECK(vq_cache_append(c, 0, 101, x, x, VQ_F32, NULL) == VQ_ERR_ARG && strstr(vq_last_error(), "capacity"),
+          "capacity overflow: %s", vq_last_error());
+    CHECK(vq_cache_append(c, 0, 100, x, x, VQ_F32, NULL) == VQ_OK, "fill: %s", vq_last_error());
+    CHECK(vq_cache_append(c, 0, 1, x, x, VQ_F32, NULL) == VQ_ERR_ARG, "full: %s", vq_last_error());
+    /* truncate to a group boundary, then append again */
+    CHECK(vq_cache_truncate(c, 64) == VQ_OK, "truncate: %s", vq_last_error());
+    CHECK(vq_cache_tokens(c, 0) == 64 && vq_cache_last_pos(c, 0) == 63, "after truncate: %lld tokens, last %d",
+          (long long)vq_cache_tokens(c, 0), vq_cache_last_pos(c, 0));
+    CHECK(vq_cache_append(c, 0, 36, x, x, VQ_F32, NULL) == VQ_OK, "refill: %s", vq_last_error());
+    CHECK(vq_cache_bytes(c) > 0 && vq_cache_bytes_fp16_equiv(c) == 100 * 128 * 4, "bytes");
+    cudaFree(x);
+    vq_cache_free(c);
+    (void)r;
+}
+
+int main(int argc, char **argv) {
+    /* --small: three short cases, for compute-sanitizer runs */
+    int small = argc > 1 && strcmp(argv[1], "--small") == 0;
+    if (vq_cuda_device_count() < 1) {
+        printf("no usable CUDA device: skipped\n");
+        return SKIP;
+    }
+    vq_rng r;
+    vq_rng_seed(&r, 6);
+    const case_t cases[] = {
+        {"fp16", 32, 8, 128, 700, 3, VQ_F32, 1},
+        {"fp16", 8, 8, 64, 300, 1, VQ_F16, 1},
+        {"kivi:bits=2,group=32", 32, 8, 128, 1500, 4, VQ_F32, 1},
+        {"kivi:bits=2,group=128", 16, 4, 128, 1100, 2, VQ_BF16, 1},
+        {"kivi:bits=4,group=32", 8, 8, 128, 900, 3, VQ_F16, 1},
+        {"kivi:bits=4,group=64", 32, 8, 256, 800, 1, VQ_F32, 1},
+        {"kivi:bits=4,group=64", 32, 8, 128, 900, 2, VQ_F32, 1},
+        {"kivi:bits=3,group=32", 8, 2, 128, 600, 2, VQ_F32, 1},
+        {"kivi:bits=8,group=32,residual=0", 8, 2, 64, 500, 5, VQ_F32, 1},
+        {"kivi:bits=2", 32, 8, 128, 90, 1, VQ_F32, 1}, /* the window alone */
+        {"k=kivi:bits=4;v=kivi:bits=2", 32, 8, 128, 1000, 2, VQ_F32, 1},
+        {"tq-mse:bits=4", 32, 8, 128, 800, 2, VQ_F32, 0},
+        {"tq-mse:bits=2", 8, 8, 128, 600, 1, VQ_BF16, 0},
+        {"tq-mse:bits=3,residual=64", 16, 4, 128, 700, 3, VQ_F32, 0},
+        {"k=tq-mse:bits=4;v=kivi:bits=2", 32, 8, 128, 700, 2, VQ_F32, 0},
+    };
+    if (small) {
+        const case_t few[] = {
+            {"fp16", 8, 2, 64, 150, 2, VQ_F32, 1},
+            {"kivi:bits=2,group=32", 8, 2, 128, 300, 2, VQ_F32, 1},
+            {"tq-mse:bits=4", 8, 2, 128, 200, 2, VQ_F32, 0},
+        };
+        for (size_t i = 0; i < sizeof few / sizeof few[0]; i++) run_case(&few[i], &r);
+        return check_done();
+    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &r);
+    test_batch(&r);
+    test_errors(&r);
+    return check_done();
+}
+
+#else
+
+int main(int argc, char **argv) {
+    (void)argc, (void)argv;
+    /* without CUDA a CUDA cache is refused with a clear error */
+    vq_cache_config cfg = {.n_layers = 1, .n_heads_q = 4, .n_heads_kv = 1, .head_dim = 128, .kv_spec = "kivi",
+                           .capacity = 64, .device = VQ_DEVICE_CUDA};
+    vq_cache *c = NULL;
+    CHECK(vq_cache_create(&cfg, &c) == VQ_ERR_UNSUPPORTED && c == NULL, "create: %s", vq_last_error());
+    CHECK(vq_cuda_device_count() == 0, "device count");
+    if (check_failed) return check_done();
+    printf("built without CUDA: skipped\n");
+    return SKIP;
+}
+
+#endif
