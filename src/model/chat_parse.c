@@ -39,7 +39,26 @@ typedef struct {
     size_t n, cap, at;
 } parser;
 
-static bool is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f'; }
+/* Bytes of the whitespace character (Python's \s, Unicode included) that
+ * starts at s[i], or 0. */
+static size_t space_at(const char *s, size_t len, size_t i) {
+    size_t j = i;
+    return i < len && ct_py_space(ct_utf8_next(s, len, &j)) ? j - i : 0;
+}
+
+/* Bytes of the whitespace character that ends just before s[i] (not
+ * reaching below lo), or 0. */
+static size_t space_before(const char *s, size_t lo, size_t i) {
+    if (i <= lo) return 0;
+    size_t start = i - 1;
+    while (start > lo && ((unsigned char)s[start] & 0xC0) == 0x80) start--;
+    return space_at(s, i, start) == i - start ? i - start : 0;
+}
+
+static size_t skip_space(const char *s, size_t len, size_t i) {
+    for (size_t k; (k = space_at(s, len, i));) i += k;
+    return i;
+}
 static bool is_name_start(char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_'; }
 static bool is_digit(char ch) { return ch >= '0' && ch <= '9'; }
 static bool is_name_char(char ch) { return is_name_start(ch) || is_digit(ch); }
@@ -143,7 +162,7 @@ static void lex_tag(parser *p, size_t open, bool block, size_t *pos, bool *line_
     size_t len = c->len, i = *pos;
     int balance = 0;
     for (;;) {
-        while (i < len && is_space(s[i])) i++;
+        i = skip_space(s, len, i);
         if (i >= len) ct_fail(c, VQ_ERR_FORMAT, open, "unexpected end of template: '%s' is not closed", block ? "{%" : "{{");
         if (balance == 0) {
             const char *close = block ? "%}" : "}}";
@@ -155,7 +174,7 @@ static void lex_tag(parser *p, size_t open, bool block, size_t *pos, bool *line_
             if (end) {
                 push(p, block ? T_BLOCK_END : T_VAR_END, i, NULL, 0);
                 if (strip)
-                    while (end < len && is_space(s[end])) end++;
+                    end = skip_space(s, len, end);
                 else if (block && !keep && end < len && s[end] == '\n')
                     end++; /* trim_blocks */
                 *line_starting = s[end - 1] == '\n';
@@ -235,15 +254,13 @@ static void lex(parser *p) {
         char kind = s[t + 1], sign = t + 2 < len ? s[t + 2] : 0;
         size_t data_end = t;
         if (sign == '-') {
-            while (data_end > pos && is_space(s[data_end - 1])) data_end--;
+            for (size_t k; (k = space_before(s, pos, data_end));) data_end -= k;
         } else if (sign != '+' && kind != '{') {
             /* lstrip_blocks: only whitespace since the line began */
             size_t line = data_end;
             while (line > pos && s[line - 1] != '\n') line--;
             if (line > pos || line_starting) {
-                size_t k = line;
-                while (k < data_end && is_space(s[k])) k++;
-                if (k == data_end) data_end = line;
+                if (skip_space(s, data_end, line) == data_end) data_end = line;
             }
         }
         if (data_end > pos) push(p, T_DATA, pos, s + pos, data_end - pos);
@@ -255,7 +272,7 @@ static void lex(parser *p) {
             if (!end) ct_fail(c, VQ_ERR_FORMAT, t, "unexpected end of template: comment '{#' is not closed");
             size_t q = (size_t)(end - s), after = q + 2;
             if (q > body && s[q - 1] == '-')
-                while (after < len && is_space(s[after])) after++;
+                after = skip_space(s, len, after);
             else if (!(q > body && s[q - 1] == '+') && after < len && s[after] == '\n')
                 after++;
             line_starting = s[after - 1] == '\n';

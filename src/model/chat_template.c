@@ -356,8 +356,7 @@ static void py_float(double x, char *buf, size_t size) {
     }
 }
 
-/* Python's str.isspace() for one code point. */
-static bool py_space(uint32_t cp) {
+bool ct_py_space(uint32_t cp) {
     return (cp >= 9 && cp <= 13) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
            (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
            cp == 0x3000;
@@ -367,7 +366,7 @@ static bool py_space(uint32_t cp) {
  * the common format characters. (Python escapes every non-printable code
  * point; rarer unassigned or private-use ones print raw here.) */
 static bool py_unprintable(uint32_t cp) {
-    return cp < 0x20 || (cp >= 0x7F && cp <= 0xA0) || cp == 0xAD || (py_space(cp) && cp != ' ') ||
+    return cp < 0x20 || (cp >= 0x7F && cp <= 0xA0) || cp == 0xAD || (ct_py_space(cp) && cp != ' ') ||
            (cp >= 0x200B && cp <= 0x200F) || (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2060 && cp <= 0x2064) ||
            cp == 0xFEFF;
 }
@@ -740,7 +739,7 @@ static val *py_strip(rctx *r, val *s, const val *chars, bool left, bool right) {
         while (b < e) {
             size_t i = b;
             uint32_t cp = ct_utf8_next(s->s, e, &i);
-            bool in = !chars ? py_space(cp) : false;
+            bool in = !chars ? ct_py_space(cp) : false;
             for (size_t k = 0; chars && k < cn && !in; k++) {
                 size_t j = coff[k];
                 in = ct_utf8_next(chars->s, chars->n, &j) == cp;
@@ -754,7 +753,7 @@ static val *py_strip(rctx *r, val *s, const val *chars, bool left, bool right) {
             while (start > b && ((unsigned char)s->s[start] & 0xC0) == 0x80) start--;
             size_t i = start;
             uint32_t cp = ct_utf8_next(s->s, e, &i);
-            bool in = !chars ? py_space(cp) : false;
+            bool in = !chars ? ct_py_space(cp) : false;
             for (size_t k = 0; chars && k < cn && !in; k++) {
                 size_t j = coff[k];
                 in = ct_utf8_next(chars->s, chars->n, &j) == cp;
@@ -774,7 +773,7 @@ static val *py_split(rctx *r, val *s, const val *sep, int64_t maxsplit, size_t p
         for (;;) {
             while (i < s->n) { /* skip whitespace */
                 size_t j = i;
-                if (!py_space(ct_utf8_next(s->s, s->n, &j))) break;
+                if (!ct_py_space(ct_utf8_next(s->s, s->n, &j))) break;
                 i = j;
             }
             if (i >= s->n) break;
@@ -786,7 +785,7 @@ static val *py_split(rctx *r, val *s, const val *sep, int64_t maxsplit, size_t p
             size_t start = i;
             while (i < s->n) {
                 size_t j = i;
-                if (py_space(ct_utf8_next(s->s, s->n, &j))) break;
+                if (ct_py_space(ct_utf8_next(s->s, s->n, &j))) break;
                 i = j;
             }
             parts[n++] = mk_str(r, s->s + start, i - start);

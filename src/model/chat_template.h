@@ -118,5 +118,7 @@ ct_body ct_parse(ct_ctx *c);
 int ct_utf8_put(uint32_t cp, char *buf);
 /* Decodes the code point at s[*i] (valid UTF-8 assumed) and advances *i. */
 uint32_t ct_utf8_next(const char *s, size_t n, size_t *i);
+/* Python's str.isspace() (and the regex \s) for one code point. */
+bool ct_py_space(uint32_t cp);
 
 #endif
