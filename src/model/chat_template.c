@@ -400,7 +400,9 @@ static void to_text(rctx *r, sb *b, const val *v, bool repr, size_t pos);
 static void to_text(rctx *r, sb *b, const val *v, bool repr, size_t pos) {
     char num[48];
     switch (v->t) {
-    case V_UNDEF: return; /* jinja2 prints Undefined as nothing */
+    case V_UNDEF: /* jinja2 prints Undefined as nothing, inside a list as its repr */
+        if (repr) sb_str(r, b, "Undefined");
+        return;
     case V_NONE: sb_str(r, b, "None"); return;
     case V_BOOL: sb_str(r, b, v->i ? "True" : "False"); return;
     case V_INT: snprintf(num, sizeof num, "%lld", (long long)v->i), sb_str(r, b, num); return;
@@ -673,6 +675,11 @@ static val *arith(rctx *r, const char *op, val *a, val *b, size_t pos) {
     }
     if (o == '%' && a->t == V_STR)
         ct_fail(r->c, VQ_ERR_UNSUPPORTED, pos, "string formatting with '%%' is not supported");
+    if (o == '*' && !two && (a->t == V_INT || a->t == V_BOOL) && (b->t == V_STR || b->t == V_LIST)) {
+        val *t = a; /* int * str repeats as str * int does */
+        a = b;
+        b = t;
+    }
     if (o == '*' && !two && ((a->t == V_STR || a->t == V_LIST) && (b->t == V_INT || b->t == V_BOOL))) {
         int64_t times = b->i < 0 ? 0 : b->i;
         size_t unit = a->t == V_STR ? a->n : (size_t)a->n_items * sizeof(val *);
@@ -1174,7 +1181,7 @@ static int64_t length_of(rctx *r, val *v, size_t pos) {
 
 /* select / reject / selectattr / rejectattr. */
 static val *select_items(rctx *r, val *seq, const args *a, bool by_attr, bool keep, const char *fname, size_t pos) {
-    val *items = iterable(r, seq, pos);
+    val *items = truthy(seq) ? iterable(r, seq, pos) : mk_list(r, 0); /* jinja2 skips a false value */
     val *attr = NULL;
     int first = 0;
     if (by_attr) {
@@ -1347,10 +1354,9 @@ static bool test(rctx *r, const char *name, val *v, const args *a, size_t pos) {
     if (named(name, "in")) return contains(r, x, v, pos);
     if (named(name, "sameas")) return v == x || (v->t == x->t && (v->t == V_NONE || (v->t == V_BOOL && v->i == x->i)));
     if (named(name, "odd") || named(name, "even") || named(name, "divisibleby")) {
-        int64_t m = named(name, "divisibleby") ? want(r, x, V_INT, "divisibleby's argument", pos)->i : 2;
-        if (m == 0) ct_fail(r->c, VQ_ERR_FORMAT, pos, "divisibleby 0");
-        int64_t rem = want(r, v, V_INT, "the tested value", pos)->i % m;
-        return named(name, "odd") ? rem != 0 : rem == 0;
+        /* jinja2: value % 2 == 1, value % 2 == 0, value % num == 0 */
+        val *rem = arith(r, "%", v, named(name, "divisibleby") ? x : mk_int(r, 2), pos);
+        return equal(rem, mk_int(r, named(name, "odd") ? 1 : 0));
     }
     ct_fail(r->c, VQ_ERR_UNSUPPORTED, pos, "the test '%s' is not supported", name);
 }
