@@ -258,7 +258,8 @@ vq_status vq_tokenizer_decode(const vq_tokenizer *t, const int32_t *ids, size_t 
  *   {{ }}, {% %} and {# #} with "-" / "+" whitespace control; if / elif /
  *   else, for (tuple targets, an "if" filter, else, loop.index / index0 /
  *   revindex / revindex0 / first / last / length / previtem / nextitem),
- *   set (also namespace() and "set ns.attr = ..."), {% generation %};
+ *   break / continue, set (also namespace() and "set ns.attr = ..."),
+ *   {% generation %};
  *   literals (strings with Python escapes, integers, floats, true / false /
  *   none, lists, tuples, dicts); + - * / // % ** ~, comparisons, in / not
  *   in, and / or / not, "x if c else y"; .attr, [index], [a:b:c];
@@ -271,7 +272,7 @@ vq_status vq_tokenizer_decode(const vq_tokenizer *t, const int32_t *ids, size_t 
  *   strip / lstrip / rstrip / startswith / endswith / split / upper / lower /
  *   replace; dict methods items / keys / values / get; functions
  *   raise_exception, strftime_now and namespace.
- * Anything else (macros, break / continue, other filters or methods, %
+ * Anything else (macros, other filters or methods, %
  * string formatting, upper / lower of non-ASCII text) is an error that
  * names the construct and the template line and column, as are the
  * template's own raise_exception() calls (VQ_ERR_ARG) and type errors

@@ -148,7 +148,8 @@ static void test_errors(void) {
         {"{% macro m() %}x{% endmacro %}", VQ_ERR_UNSUPPORTED, "{% macro %} statement is not supported", "line 1, column 1"},
         {"ok\n  {{ messages | sort }}", VQ_ERR_UNSUPPORTED, "filter 'sort' is not supported", "line 2, column 15"},
         {"{{ range(3) }}", VQ_ERR_UNSUPPORTED, "function 'range' is not supported", "line 1"},
-        {"{% for m in messages %}{% break %}{% endfor %}", VQ_ERR_UNSUPPORTED, "{% break %}", "column 24"},
+        {"{% if true %}{% break %}{% endif %}", VQ_ERR_FORMAT, "{% break %} outside a for loop", "column 14"},
+        {"{% call m() %}x{% endcall %}", VQ_ERR_UNSUPPORTED, "{% call %} statement is not supported", "line 1"},
         {"{{ '%s' % 1 }}", VQ_ERR_UNSUPPORTED, "string formatting", "line 1"},
         {"{{ '\xc3\x89t\xc3\xa9' | upper }}", VQ_ERR_UNSUPPORTED, "non-ASCII", "line 1"},
         {"\n\n{{ 'a'.title() }}", VQ_ERR_UNSUPPORTED, "method 'title' is not supported", "line 3"},
@@ -220,6 +221,15 @@ static void test_errors(void) {
     strcat(deep, " }}");
     CHECK(vq_chat_render(deep, &msg, 1, 1, NULL, NULL, &out) == VQ_ERR_UNSUPPORTED && strstr(vq_last_error(), "nesting"),
           "deep nesting: %s", vq_last_error());
+    /* while 30 levels are fine */
+    strcpy(deep, "{{ ");
+    for (int k = 0; k < 30; k++) strcat(deep, "(");
+    strcat(deep, "7");
+    for (int k = 0; k < 30; k++) strcat(deep, ")");
+    strcat(deep, " }}");
+    CHECK(vq_chat_render(deep, &msg, 1, 1, NULL, NULL, &out) == VQ_OK && strcmp(out, "7") == 0, "30 levels: %s",
+          vq_last_error());
+    free(out);
     /* a doubling loop stops at the memory limit */
     const char *grow = "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for a in messages %}{% for b in messages %}"
                        "{% for c in messages %}{% for d in messages %}{% set ns.s = ns.s + ns.s %}{% endfor %}{% endfor %}"

@@ -37,6 +37,7 @@ typedef struct {
     ct_ctx *c;
     ct_tok *toks;
     size_t n, cap, at;
+    int loops;       /* for loops around the statement being parsed */
 } parser;
 
 /* Bytes of the whitespace character (Python's \s, Unicode included) that
@@ -816,7 +817,9 @@ static ct_stmt *parse_for(parser *p, size_t pos) {
     static const char *const ends[] = {"else", "endfor", NULL};
     static const char *const end_only[] = {"endfor", NULL};
     const char *which;
+    p->loops++;
     s->body = parse_body(p, ends, "{% for %}", pos, &which);
+    p->loops--;
     if (strcmp(which, "else") == 0) {
         expect_block_end(p);
         s->else_body = parse_body(p, end_only, "{% for %}", pos, &which);
@@ -889,6 +892,13 @@ static ct_body parse_body(parser *p, const char *const *ends, const char *opened
                 s = parse_for(p, t->pos);
             } else if (tok_is(name, T_NAME, "set")) {
                 s = parse_set(p, t->pos);
+            } else if (tok_is(name, T_NAME, "break") || tok_is(name, T_NAME, "continue")) {
+                /* transformers enables jinja2's loopcontrols extension */
+                bool brk = tok_is(name, T_NAME, "break");
+                if (!p->loops)
+                    ct_fail(p->c, VQ_ERR_FORMAT, t->pos, "{%% %s %%} outside a for loop", brk ? "break" : "continue");
+                expect_block_end(p);
+                s = stmt(p, brk ? S_BREAK : S_CONTINUE, t->pos);
             } else if (tok_is(name, T_NAME, "generation")) {
                 /* transformers' {% generation %} marks assistant text; it
                  * renders its body unchanged */
@@ -905,8 +915,7 @@ static ct_body parse_body(parser *p, const char *const *ends, const char *opened
                         ct_fail(p->c, VQ_ERR_FORMAT, t->pos, "unexpected {%% %s %%}%s%s", closers[k],
                                 opened ? " inside " : " outside any block", opened ? opened : "");
                 static const char *const jinja[] = {"macro", "call", "filter", "include", "import", "from", "extends",
-                                                    "block", "raw", "with", "autoescape", "do", "break", "continue",
-                                                    "trans", NULL};
+                                                    "block", "raw", "with", "autoescape", "do", "trans", NULL};
                 for (int k = 0; jinja[k]; k++)
                     if (tok_is(name, T_NAME, jinja[k]))
                         ct_fail(p->c, VQ_ERR_UNSUPPORTED, t->pos, "the {%% %s %%} statement is not supported", jinja[k]);

@@ -13,7 +13,7 @@
  * namespace()), one inside an if is not.
  *
  * What the subset lacks is refused with an error naming the construct and
- * the template line and column, never skipped: macros, {% break %},
+ * the template line and column, never skipped: macros, {% call %},
  * filters and methods outside the list in the public header, string
  * formatting with %, and so on.
  */
@@ -172,6 +172,7 @@ typedef struct scope {
 typedef struct {
     ct_ctx *c;
     scope *top;
+    int jump;        /* S_BREAK or S_CONTINUE on its way out to the loop, else 0 */
 } rctx;
 
 /* The callables: globals and the methods of str and dict. */
@@ -1546,12 +1547,15 @@ static void run_for(rctx *r, ct_stmt *s) {
         scope_set(r, &sc, "loop", loop);
         run(r, &s->body);
         r->top = sc.parent;
+        int jump = r->jump;
+        r->jump = 0;
+        if (jump == S_BREAK) break;
     }
 }
 
 static void run(rctx *r, const ct_body *body) {
     ct_enter(r->c, body->n ? body->items[0]->pos : 0);
-    for (int k = 0; k < body->n; k++) {
+    for (int k = 0; k < body->n && !r->jump; k++) {
         ct_stmt *s = body->items[k];
         switch (s->kind) {
         case S_DATA: out_put(r->c, s->s, s->n, s->pos); break;
@@ -1585,6 +1589,8 @@ static void run(rctx *r, const ct_body *body) {
             }
             break;
         case S_BLOCK: run(r, &s->body); break;
+        case S_BREAK:
+        case S_CONTINUE: r->jump = (int)s->kind; break;
         }
     }
     ct_leave(r->c);

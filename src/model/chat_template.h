@@ -21,7 +21,7 @@
 /* Limits that keep a hostile template from exhausting the machine. */
 #define CT_MAX_MEMORY ((size_t)256 << 20) /* arena bytes for one render */
 #define CT_MAX_OUTPUT ((size_t)64 << 20)  /* rendered bytes */
-#define CT_MAX_DEPTH 200                  /* nesting of expressions and blocks */
+#define CT_MAX_DEPTH 100                  /* nesting of expressions and blocks */
 
 /* ------------------------------------------------------------- the AST */
 
@@ -58,7 +58,7 @@ struct ct_expr {
     int n_args;
 };
 
-typedef enum { S_DATA, S_OUTPUT, S_IF, S_FOR, S_SET, S_BLOCK } ct_stmt_kind;
+typedef enum { S_DATA, S_OUTPUT, S_IF, S_FOR, S_SET, S_BLOCK, S_BREAK, S_CONTINUE } ct_stmt_kind;
 
 typedef struct ct_stmt ct_stmt;
 typedef struct {
