@@ -176,6 +176,7 @@ static void test_errors(void) {
         {"{{ '\\N{BULLET}' }}", VQ_ERR_UNSUPPORTED, "\\N{...}", "line 1"},
         {"{{ '\\x4' }}", VQ_ERR_FORMAT, "truncated \\x escape", "line 1"},
         {"{{ messages | items }}", VQ_ERR_FORMAT, "items: a list is not a mapping", "line 1"},
+        {"{{ messages[0][1:] }}", VQ_ERR_FORMAT, "a dict cannot be sliced", "column 15"},
         {"{{ x }", VQ_ERR_FORMAT, "unexpected '}'", "line 1"},
     };
     vq_chat_message msg = {"user", "hi"};

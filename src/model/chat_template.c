@@ -1132,7 +1132,7 @@ static int64_t slice_adjust(int64_t i, int64_t len, int64_t step) {
 /* Python slicing of a list or string: s[start:stop:step]. */
 static val *get_slice(rctx *r, val *obj, val *start_v, val *stop_v, val *step_v, size_t pos) {
     if (obj->t == V_UNDEF) undefined_error(r, obj, pos);
-    if (obj->t != V_LIST && obj->t != V_STR) return mk_undef(r, "slice");
+    if (obj->t != V_LIST && obj->t != V_STR) ct_fail(r->c, VQ_ERR_FORMAT, pos, "a %s cannot be sliced", type_names[obj->t]);
     size_t n_cp = 0, *off = NULL;
     if (obj->t == V_STR) off = cp_offsets(r, obj, &n_cp);
     int64_t len = obj->t == V_LIST ? obj->n_items : (int64_t)n_cp;
@@ -1302,7 +1302,7 @@ static val *filter(rctx *r, const char *name, val *v, const args *a, size_t pos)
     if (named(name, "map")) {
         static const char *const kws[] = {"attribute", "default", NULL};
         val *attr = arg(a, -1, "attribute"), *dflt = arg(a, -1, "default");
-        val *items = iterable(r, v, pos), *out = mk_list(r, items->n_items);
+        val *items = truthy(v) ? iterable(r, v, pos) : mk_list(r, 0), *out = mk_list(r, items->n_items);
         if (attr) {
             check_args(r, a, name, 0, kws, pos);
             want(r, attr, V_STR, "map's attribute", pos);
