@@ -256,8 +256,8 @@ int32_t vq_tokenizer_find(const vq_tokenizer *t, const char *token);
 int32_t vq_tokenizer_bos(const vq_tokenizer *t);
 /* Applies a tokenizer_config.json (a missing file is fine): add_bos_token
  * false means no BOS; true adds bos_token when the post-processor adds
- * nothing; eos_token becomes vq_tokenizer_eos(). A chat_template is not
- * applied. */
+ * nothing; eos_token becomes vq_tokenizer_eos(). Its chat_template is read
+ * by vq_chat_config_load. */
 vq_status vq_tokenizer_apply_config(vq_tokenizer *t, const char *tokenizer_config_path);
 /* tokenizer_config.json's eos_token, or -1. */
 int32_t vq_tokenizer_eos(const vq_tokenizer *t);
@@ -285,6 +285,64 @@ const char *vq_tokenizer_piece(const vq_tokenizer *t, int32_t id, size_t *len);
  * error. */
 vq_status vq_tokenizer_decode(const vq_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
                               char *out, size_t cap, size_t *len);
+
+/* --------------------------------------------------------- chat templates */
+
+/*
+ * Hugging Face chat templates: the Jinja2 text in tokenizer_config.json that
+ * turns a conversation into the prompt a model was tuned on. The renderer is
+ * a Jinja2 subset, written to give byte for byte what transformers'
+ * apply_chat_template gives (jinja2 with trim_blocks and lstrip_blocks; a
+ * single trailing newline of the template dropped; messages, tools = None,
+ * documents = None, add_generation_prompt, bos_token and eos_token passed):
+ *   {{ }}, {% %} and {# #} with "-" / "+" whitespace control; if / elif /
+ *   else, for (tuple targets, an "if" filter, else, loop.index / index0 /
+ *   revindex / revindex0 / first / last / length / previtem / nextitem),
+ *   break / continue, set (also namespace() and "set ns.attr = ..."),
+ *   {% generation %};
+ *   literals (strings with Python escapes, integers, floats, true / false /
+ *   none, lists, tuples, dicts); + - * / // % ** ~, comparisons, in / not
+ *   in, and / or / not, "x if c else y"; .attr, [index], [a:b:c];
+ *   filters trim, length / count, tojson (indent, ensure_ascii, sort_keys),
+ *   upper, lower, replace, list, string, join, items, first, last,
+ *   default, select / reject / selectattr / rejectattr, map, safe; tests
+ *   defined, undefined, none, string, number, integer, float, boolean,
+ *   true, false, mapping, iterable, sequence, callable, equalto (eq, ==),
+ *   ne, lt, le, gt, ge, in, sameas, odd, even, divisibleby; str methods
+ *   strip / lstrip / rstrip / startswith / endswith / split / upper / lower /
+ *   replace; dict methods items / keys / values / get; functions
+ *   raise_exception, strftime_now and namespace.
+ * Anything else (macros, other filters or methods, %
+ * string formatting, upper / lower of non-ASCII text) is an error that
+ * names the construct and the template line and column, as are the
+ * template's own raise_exception() calls (VQ_ERR_ARG) and type errors
+ * jinja2 would raise. Messages carry only role and content, so a template's
+ * tool-call paths see no tool_calls and tools is None.
+ */
+typedef struct {
+    const char *role;     /* "system", "user", "assistant", ... */
+    const char *content;  /* UTF-8 */
+} vq_chat_message;
+
+/* Renders tmpl for n messages. *out receives the NUL-terminated text
+ * (release it with free()); NULL on failure. bos_token / eos_token are the
+ * strings the template may use; NULL leaves them undefined, as
+ * transformers does for tokens a model does not set. */
+vq_status vq_chat_render(const char *tmpl, const vq_chat_message *msgs, int n, int add_generation_prompt,
+                         const char *bos_token, const char *eos_token, char **out);
+
+/* What a tokenizer_config.json says about chat: its chat_template (a string,
+ * or the one named "default" of a list of {"name", "template"}) and its
+ * bos_token / eos_token strings. Each field is NULL when absent; a missing
+ * file leaves all three NULL. Release with vq_chat_config_free. */
+typedef struct {
+    char *chat_template;
+    char *bos_token;
+    char *eos_token;
+} vq_chat_config;
+
+vq_status vq_chat_config_load(const char *tokenizer_config_path, vq_chat_config *out);
+void vq_chat_config_free(vq_chat_config *cfg);
 
 /* ---------------------------------------------------------------- model */
 

@@ -67,6 +67,28 @@ expect_ok generate_again "$vq" generate -m "$model" -p "The kernel" -n 12 --temp
 cmp -s "$tmp/out" "$tmp/gen1" && ok || bad "greedy generation differs between runs / thread counts"
 expect_ok generate_sampled "$vq" generate -m "$model" -p "The kernel" -n 8 --seed 3 --kv fp16
 
+# --chat: the reference model ships no chat template, so it is refused;
+# a copy of it with a chat_template.jinja renders the conversation, and the
+# template's own BOS is not doubled (same token count as the plain prompt,
+# to which the tokenizer adds BOS itself)
+expect_err chat_no_template "has no chat template" "$vq" generate -m "$model" --chat -p "The kernel" -n 4
+expect_err system_without_chat "--system needs --chat" "$vq" generate -m "$model" --system "Be brief." -p "x"
+mkdir -p "$tmp/chat"
+for f in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json; do
+    ln -s "$(cd "$model" && pwd)/$f" "$tmp/chat/$f"
+done
+printf '%s' '{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content | trim }}
+{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}' > "$tmp/chat/chat_template.jinja"
+expect_ok chat "$vq" generate -m "$tmp/chat" --chat --system "Be brief. " -p "The kernel" -n 6 --temp 0 --threads 2
+chat_tokens=$(grep -o 'prompt: [0-9]* tokens' "$tmp/err")
+printf '<|bos|>system: Be brief.\nuser: The kernel\nassistant:' > "$tmp/chat_expected"
+head -c "$(wc -c < "$tmp/chat_expected")" "$tmp/out" | cmp -s - "$tmp/chat_expected" && ok || bad "chat: rendered prompt: $(head -c 200 "$tmp/out")"
+expect_ok chat_plain "$vq" generate -m "$model" -p "$(printf 'system: Be brief.\nuser: The kernel\nassistant:')" -n 6 --temp 0 --threads 2
+[ -n "$chat_tokens" ] && [ "$chat_tokens" = "$(grep -o 'prompt: [0-9]* tokens' "$tmp/err")" ] && ok ||
+    bad "chat prompt tokens '$chat_tokens' differ from the plain prompt's: $(grep -o 'prompt: [0-9]* tokens' "$tmp/err")"
+printf '{%% for m in messages %%}{{ m.content | sort }}{%% endfor %%}' > "$tmp/chat/chat_template.jinja"
+expect_err chat_unsupported "filter 'sort' is not supported" "$vq" generate -m "$tmp/chat" --chat -p "x" -n 2
+
 expect_ok bench_gen "$vq" bench gen -m "$model" --ctx 96 --decode 8 --runs 1 --threads 2 --json
 json_has bench_gen prefill_tps decode_tps fp16_decode_tps kv_bytes kv_bytes_fp16
 
