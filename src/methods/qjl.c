@@ -148,7 +148,8 @@ static void qjl_score(const vq_mparams *p, const float *prep, int rows, const ui
     float gain[64];
     for (int j0 = 0; j0 < n; j0 += 64) {
         int cnt = n - j0 < 64 ? n - j0 : 64;
-        for (int j = 0; j < cnt; j++) gain[j] = SQRT_HALF_PI / (float)m * vq_f16_to_f32(nrm[t0 + j0 + j]);
+        vq_f16_to_f32_array(nrm + t0 + j0, gain, (size_t)cnt);
+        for (int j = 0; j < cnt; j++) gain[j] *= SQRT_HALF_PI / (float)m;
         vq_signs_score(prep, m, rows, blk + (size_t)(t0 + j0) * sb, sb, gain, cnt, logits + j0, ld, false);
     }
     const float *q = prep + vq_signs_table_floats(m, rows);

@@ -160,13 +160,12 @@ static void prod_score(const vq_mparams *p, const float *prep, int rows, const u
     vq_code_part part = mse_part(p);
     const float *rq = prep + vq_signs_table_floats(d, rows);
     vq_codes_score(&part, 1, blk + (size_t)t0 * tb, tb, nrm + t0, n, rq, d, rows, logits, ld, scratch);
-    float gain[64];
+    float gain[64], len[64];
     for (int j0 = 0; j0 < n; j0 += 64) {
         int cnt = n - j0 < 64 ? n - j0 : 64;
-        for (int j = 0; j < cnt; j++) {
-            int t = t0 + j0 + j;
-            gain[j] = vq_f16_to_f32(nrm[t]) * (SQRT_HALF_PI / (float)d * vq_f16_to_f32(gam[t]));
-        }
+        vq_f16_to_f32_array(nrm + t0 + j0, len, (size_t)cnt);
+        vq_f16_to_f32_array(gam + t0 + j0, gain, (size_t)cnt);
+        for (int j = 0; j < cnt; j++) gain[j] = len[j] * (SQRT_HALF_PI / (float)d * gain[j]);
         vq_signs_score(prep, d, rows, blk + (size_t)(t0 + j0) * tb + mb, tb, gain, cnt, logits + j0, ld, true);
     }
 }
@@ -180,13 +179,12 @@ static void prod_accum(const vq_mparams *p, const float *w, int ld, int rows, co
     const uint16_t *nrm = meta(p, blk, bt), *gam = nrm + bt;
     vq_code_part part = mse_part(p);
     vq_codes_accum(&part, 1, blk + (size_t)t0 * tb, tb, nrm + t0, n, w, ld, rows, acc, 2 * d, scratch);
-    float gain[64];
+    float gain[64], len[64];
     for (int j0 = 0; j0 < n; j0 += 64) {
         int cnt = n - j0 < 64 ? n - j0 : 64;
-        for (int j = 0; j < cnt; j++) {
-            int t = t0 + j0 + j;
-            gain[j] = vq_f16_to_f32(nrm[t]) * (SQRT_HALF_PI / (float)d * vq_f16_to_f32(gam[t]));
-        }
+        vq_f16_to_f32_array(nrm + t0 + j0, len, (size_t)cnt);
+        vq_f16_to_f32_array(gam + t0 + j0, gain, (size_t)cnt);
+        for (int j = 0; j < cnt; j++) gain[j] = len[j] * (SQRT_HALF_PI / (float)d * gain[j]);
         vq_signs_accum(blk + (size_t)(t0 + j0) * tb + mb, tb, d, gain, cnt, w + j0, ld, rows, acc + d, 2 * (size_t)d);
     }
 }
