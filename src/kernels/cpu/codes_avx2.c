@@ -184,23 +184,27 @@ void vq_signs_score_avx2(const float *tab, int m, int rows, const uint8_t *signs
 
 /* z[R rows][G runs of 8 signs from byte k] += sum_t wg[r][t] s_t: the R x G
  * accumulators stay in registers over the tokens. A sign byte becomes +-1.0
- * per lane: vpsllvd moves bit i of lane i to the sign position, a clear bit
- * sets the sign of 1.0. wg rows are 64 floats apart, z rows zs. */
+ * per lane: the G bytes are broadcast together, vpsllvd moves bit i of byte
+ * g to the sign position of lane i, and a clear bit sets the sign of 1.0.
+ * wg rows are 64 floats apart, z rows zs. */
 static ALWAYS_INLINE void signs_accum_runs(const uint8_t *signs, size_t stride, size_t zs, int k, int cnt,
                                            const float *wg, const int R, const int G, float *z) {
-    const __m256i shifts = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+    const __m256i shifts[2] = {_mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24),
+                               _mm256_setr_epi32(23, 22, 21, 20, 19, 18, 17, 16)};
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     __m256 a[8];
     for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++) a[r * G + g] = _mm256_loadu_ps(z + (size_t)r * zs + 8 * (k + g));
     const uint8_t *s = signs + k;
-    for (int t = 0; t < cnt; t++, s += stride)
+    for (int t = 0; t < cnt; t++, s += stride) {
+        __m256i bytes = _mm256_set1_epi32(G == 2 ? s[0] | s[1] << 8 : s[0]);
         for (int g = 0; g < G; g++) {
-            __m256i x = _mm256_sllv_epi32(_mm256_set1_epi32(s[g]), shifts);
+            __m256i x = _mm256_sllv_epi32(bytes, shifts[g]);
             __m256 sg = _mm256_or_ps(one, _mm256_andnot_ps(_mm256_castsi256_ps(x), sign));
             for (int r = 0; r < R; r++)
                 a[r * G + g] = _mm256_fmadd_ps(_mm256_broadcast_ss(wg + r * 64 + t), sg, a[r * G + g]);
         }
+    }
     for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++) _mm256_storeu_ps(z + (size_t)r * zs + 8 * (k + g), a[r * G + g]);
 }
