@@ -85,17 +85,23 @@ typedef struct vq_method {
                    float *out);
 
     /* Optional (NULL when unused), keys: the query rows as the method scores
-     * them (rotated, projected, ...), computed once per attention call. When
-     * set, score() receives these prep_floats(p)-wide rows instead of q. The
-     * q rows are already multiplied by the softmax scale. */
+     * them (rotated, projected, tables ...), computed once per attention
+     * call (or per task of many rows). When set, score() receives what
+     * prep_query wrote, rows x prep_floats(p) floats laid out as the method
+     * likes, for exactly the same rows. The q rows are already multiplied by
+     * the softmax scale. */
     size_t (*prep_floats)(const vq_mparams *p);
     void (*prep_query)(const vq_mparams *p, const float *q, int rows, float *prep);
     /* Optional (NULL when unused), values: accum() adds into the method's own
      * domain (e.g. rotated); finish_rows turns `rows` summed rows of
-     * head_dim floats into output space in place (e.g. the inverse rotation).
-     * It must be linear: attention applies it once per output row, after
-     * summing every block, and adds the fp16 window's part afterwards. */
+     * acc_floats(p) floats (head_dim when acc_floats is NULL) into output
+     * space in place, the first head_dim floats of each row (e.g. the
+     * inverse rotation). It must be linear: attention applies it once per
+     * output row, after summing every block, and adds the fp16 window's part
+     * afterwards. A domain wider than head_dim (tq-prod: the rotated codes
+     * and the sign sketch) moves per-block work into finish_rows. */
     void (*finish_rows)(const vq_mparams *p, float *acc, int rows);
+    size_t (*acc_floats)(const vq_mparams *p);
 
     /* Floats of per-task scratch score/accum need for `rows` query rows. */
     size_t (*scratch_floats)(const vq_mparams *p, int rows);
@@ -103,7 +109,8 @@ typedef struct vq_method {
      * head_dim, already multiplied by the softmax scale. */
     void (*score)(const vq_mparams *p, const float *q, int rows, const uint8_t *blk,
                   int block_tokens, int t0, int n, float *logits, int ld, float *scratch);
-    /* acc[r * head_dim + d] += sum_j w[r * ld + j] * v_(t0 + j)[d]. */
+    /* acc[r * A + d] += sum_j w[r * ld + j] * v_(t0 + j)[d], A = acc_floats(p)
+     * or head_dim (in the method's domain when finish_rows is set). */
     void (*accum)(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
                   int block_tokens, int t0, int n, float *acc, float *scratch);
 } vq_method;

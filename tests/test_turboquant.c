@@ -7,6 +7,7 @@
  * cache, and vq_attend end to end last. */
 #include "check.h"
 #include "core/rotate.h"
+#include "methods/rotated.h"
 #include "synth.h"
 
 #include <math.h>
@@ -254,7 +255,7 @@ static void test_round_trip(const char *spec, int d, bool value) {
 static void test_fused(const char *spec, int d, bool value) {
     vq_mparams p;
     if (!method(spec, d, value, &p)) return;
-    int bt = 64, t0 = 5, n = 37, rows = 3, ld = 41;
+    int bt = 64, t0 = 5, n = 37, rows = 5, ld = 41; /* rows: a group of four and one more */
     vq_rng rng;
     vq_rng_seed(&rng, (uint64_t)d * 3 + value);
     float *x = random_rows(bt, d, false, &rng), *q = random_rows(rows, d, false, &rng);
@@ -287,7 +288,9 @@ static void test_fused(const char *spec, int d, bool value) {
               vq_cpu_level_name(vq_cpu_level_in_use()), worst);
         free(prep); free(logits);
     } else {
-        float *w = malloc(sizeof(float) * rows * ld), *acc = calloc((size_t)rows * d, sizeof(float));
+        /* accumulator rows as wide as the method's domain (tq-prod: 2 d) */
+        int aw = p.method->acc_floats ? (int)p.method->acc_floats(&p) : d;
+        float *w = malloc(sizeof(float) * rows * ld), *acc = calloc((size_t)rows * aw, sizeof(float));
         for (int i = 0; i < rows * ld; i++) w[i] = (float)vq_rng_uniform(&rng);
         w[ld + 3] = 0; /* a zero weight is skipped, not mis-added */
         p.method->accum(&p, w, ld, rows, blk, bt, t0, 20, acc, scratch);
@@ -298,7 +301,7 @@ static void test_fused(const char *spec, int d, bool value) {
             for (int c = 0; c < d; c++) {
                 double ref = 0;
                 for (int j = 0; j < n; j++) ref += (double)w[r * ld + j] * dec[j * d + c];
-                num += (acc[r * d + c] - ref) * (acc[r * d + c] - ref);
+                num += (acc[r * aw + c] - ref) * (acc[r * aw + c] - ref);
                 den += ref * ref;
             }
             CHECK(sqrt(num / den) < 1e-4, "%s d %d level %s row %d: accum vs sum w decode(v): relative error %g", spec,
@@ -307,6 +310,62 @@ static void test_fused(const char *spec, int d, bool value) {
         free(w); free(acc);
     }
     free(x); free(q); free(blk); free(dec); free(scratch);
+}
+
+/* The sign-sketch kernels (rotated.h) against fp64 sums straight from the
+ * bits: tables of S x scored for rows in fours and leftovers, sketch lengths
+ * with an odd number of bytes, odd token counts; accumulation with a row
+ * stride wider than m. Run at every kernel level. */
+static void test_signs(void) {
+    const int ms[] = {8, 24, 256}, rows_list[] = {1, 3, 4, 5, 8};
+    vq_rng rng;
+    vq_rng_seed(&rng, 77);
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 5; b++) {
+            int m = ms[a], rows = rows_list[b], d = 40, n = 37, ld = 39, sb = m / 8 + 3;
+            float *s = random_rows(m, d, false, &rng), *x = random_rows(rows, d, false, &rng);
+            float *tab = malloc(sizeof(float) * vq_signs_table_floats(m, rows));
+            float *out = malloc(sizeof(float) * (size_t)rows * ld), *gain = malloc(sizeof(float) * n);
+            float *w = malloc(sizeof(float) * (size_t)rows * ld), *z = calloc((size_t)rows * (m + 5), sizeof(float));
+            uint8_t *signs = malloc((size_t)n * sb);
+            for (int i = 0; i < n * sb; i++) signs[i] = (uint8_t)(vq_rng_next(&rng) >> 56);
+            for (int t = 0; t < n; t++) gain[t] = (float)(0.5 + vq_rng_uniform(&rng));
+            for (int i = 0; i < rows * ld; i++) {
+                out[i] = 1.0f; /* add mode adds to this */
+                w[i] = (float)vq_rng_uniform(&rng);
+            }
+            vq_signs_table(s, m, d, x, (size_t)d, rows, tab);
+            vq_signs_score(tab, m, rows, signs, (size_t)sb, gain, n, out, ld, true);
+            vq_signs_accum(signs, (size_t)sb, m, gain, n, w, ld, rows, z, (size_t)m + 5);
+            double worst_s = 0, worst_z = 0;
+            for (int r = 0; r < rows; r++) {
+                double vn = 0, zn = 0;
+                double *v = malloc(sizeof(double) * m), *zr = calloc((size_t)m, sizeof(double));
+                for (int i = 0; i < m; i++) {
+                    v[i] = 0;
+                    for (int c = 0; c < d; c++) v[i] += (double)s[i * d + c] * x[r * d + c];
+                    vn += v[i] * v[i];
+                }
+                for (int t = 0; t < n; t++) {
+                    double dot = 0;
+                    for (int i = 0; i < m; i++) {
+                        double sg = (signs[t * sb + i / 8] >> (i % 8)) & 1 ? 1.0 : -1.0;
+                        dot += sg * v[i];
+                        zr[i] += sg * (double)w[r * ld + t] * gain[t];
+                    }
+                    double want = 1.0 + gain[t] * dot;
+                    worst_s = fmax(worst_s, fabs(out[r * ld + t] - want) / (gain[t] * sqrt(vn * m)));
+                }
+                for (int i = 0; i < m; i++) zn += zr[i] * zr[i];
+                for (int i = 0; i < m; i++)
+                    worst_z = fmax(worst_z, fabs(z[r * (m + 5) + i] - zr[i]) / sqrt(zn / m));
+                free(v);
+                free(zr);
+            }
+            CHECK(worst_s < 1e-5 && worst_z < 1e-5, "signs m %d rows %d level %s: score error %g, accum error %g", m,
+                  rows, vq_cpu_level_name(vq_cpu_level_in_use()), worst_s, worst_z);
+            free(s); free(x); free(tab); free(out); free(gain); free(w); free(z); free(signs);
+        }
 }
 
 static void expect_error(const char *spec, int d, const char *needle) {
@@ -453,8 +512,13 @@ static void test_attend(void) {
     vq_pool_create(2, &pool);
     for (int s = 0; s < (int)(sizeof specs / sizeof specs[0]); s++) {
         double e1 = attend_case(specs[s], 8, 2, 128, 700, 1, pool), e2 = attend_case(specs[s], 4, 2, 64, 300, 5, NULL);
-        CHECK(e1 < 1e-4 && e2 < 1e-4, "%s: vq_attend vs reference over the decoded cache: %.3g (decode), %.3g (prefill)",
-              specs[s], e1, e2);
+        /* 40 query tokens x 2 heads: more rows than one task takes, so the
+         * rows are cut into chunks (32, 32, 16) that prepare their own
+         * query rows */
+        double e3 = attend_case(specs[s], 4, 2, 128, 200, 40, pool);
+        CHECK(e1 < 1e-4 && e2 < 1e-4 && e3 < 1e-4,
+              "%s: vq_attend vs reference over the decoded cache: %.3g (decode), %.3g, %.3g (prefill)", specs[s], e1, e2,
+              e3);
     }
     vq_pool_free(pool);
 }
@@ -475,6 +539,7 @@ int main(int argc, char **argv) {
     vq_cpu_level best = vq_cpu_detect();
     for (int lvl = VQ_CPU_SCALAR; lvl <= (best >= VQ_CPU_AVX2 ? VQ_CPU_AVX2 : VQ_CPU_SCALAR); lvl++) {
         vq_cpu_set_level((vq_cpu_level)lvl);
+        test_signs();
         for (int s = 0; s < N_SPECS; s++)
             for (int i = 0; i < 4; i++) {
                 if (dims[i] == 96 && strstr(all_specs[s], "4/2/2/2/2/2")) continue;

@@ -60,14 +60,19 @@ typedef struct {
     int n_row_chunks;
     int tasks_per_head;
     float scale;
-    /* Keys whose method prepares queries (rotation, projection): the
-     * prepared rows of every head, [H][rows_total][prep_w], made once. */
+    /* Keys whose method prepares queries (rotation, projection, tables):
+     * split mode prepares the rows of every head once per call,
+     * [H][rows_total][prep_w]; row mode prepares each task's rows in its
+     * thread memory, so the prepared rows (QJL's tables: 4.5 KB a row) never
+     * grow with the number of query tokens. */
     float *prep;
     int prep_w;
     /* Values whose method accumulates in its own domain (finish_rows): the
      * fp16 window then sums into a second accumulator in output space. */
     bool split_acc;
-    int part_w;         /* floats per row in a partial: 2 + d (+ d) */
+    int acc_w;          /* floats per accumulator row: the values method's
+                           acc_floats, or d */
+    int part_w;         /* floats per row in a partial: 2 + acc_w (+ d) */
     float *partials;    /* split: [H][n_parts][rows_total][part_w] */
     float *thread_mem;  /* [threads][thread_floats] */
     size_t thread_floats;
@@ -113,8 +118,8 @@ static void run_span(const job *jb, int nr, const float *qbuf, const float *kq, 
         if (mnew > m[r]) {
             float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - mnew);
             l[r] *= alpha;
-            float *ar = acc + (size_t)r * d;
-            for (int i = 0; i < d; i++) ar[i] *= alpha;
+            float *ar = acc + (size_t)r * jb->acc_w;
+            for (int i = 0; i < jb->acc_w; i++) ar[i] *= alpha;
             if (accw != acc) {
                 float *aw = accw + (size_t)r * d;
                 for (int i = 0; i < d; i++) aw[i] *= alpha;
@@ -205,7 +210,7 @@ static void write_row(const job *jb, int h, int row, float *acc, const float *ac
 
 /* The per-thread scratch layout of a task. */
 typedef struct {
-    float *qbuf, *acc, *accw, *m, *l, *logits, *mscratch;
+    float *qbuf, *acc, *accw, *m, *l, *logits, *mscratch, *prep;
 } task_mem;
 
 static task_mem carve(const job *jb, int thread) {
@@ -213,11 +218,12 @@ static task_mem carve(const job *jb, int thread) {
     task_mem t;
     t.qbuf = jb->thread_mem + (size_t)thread * jb->thread_floats;
     t.acc = t.qbuf + (size_t)maxr * d;
-    t.accw = jb->split_acc ? t.acc + (size_t)maxr * d : t.acc;
+    t.accw = jb->split_acc ? t.acc + (size_t)maxr * jb->acc_w : t.acc;
     t.m = t.accw + (size_t)maxr * d;
     t.l = t.m + maxr;
     t.logits = t.l + maxr;
     t.mscratch = t.logits + (size_t)maxr * jb->logit_ld;
+    t.prep = t.mscratch + jb->method_floats; /* row mode only */
     return t;
 }
 
@@ -233,13 +239,19 @@ static void task_fn(void *ctx, int task, int thread) {
     int r0 = jb->split ? 0 : sub * ROW_CHUNK;
     int nr = jb->split ? jb->rows_total : (jb->rows_total - r0 < ROW_CHUNK ? jb->rows_total - r0 : ROW_CHUNK);
     load_rows(jb, h, r0, nr, t.qbuf, qpos, &qpos_max);
-    const float *kq = jb->prep ? jb->prep + ((size_t)h * jb->rows_total + r0) * jb->prep_w : t.qbuf;
+    const float *kq = t.qbuf;
+    if (jb->prep_w && jb->split) {
+        kq = jb->prep + (size_t)h * jb->rows_total * jb->prep_w;
+    } else if (jb->prep_w) {
+        c->spec.k.method->prep_query(&c->spec.k, t.qbuf, nr, t.prep);
+        kq = t.prep;
+    }
     const int32_t *qp = jb->a->q_pos ? qpos : NULL;
     for (int r = 0; r < nr; r++) {
         t.m[r] = -INFINITY;
         t.l[r] = 0;
     }
-    memset(t.acc, 0, sizeof(float) * (size_t)nr * d);
+    memset(t.acc, 0, sizeof(float) * (size_t)nr * jb->acc_w);
     if (jb->split_acc) memset(t.accw, 0, sizeof(float) * (size_t)nr * d);
     if (jb->split) {
         int b0 = sub * jb->part_blocks, b1 = b0 + jb->part_blocks;
@@ -253,22 +265,23 @@ static void task_fn(void *ctx, int task, int thread) {
             float *pr = part + (size_t)r * jb->part_w;
             pr[0] = t.m[r];
             pr[1] = t.l[r];
-            memcpy(pr + 2, t.acc + (size_t)r * d, sizeof(float) * d);
-            if (jb->split_acc) memcpy(pr + 2 + d, t.accw + (size_t)r * d, sizeof(float) * d);
+            memcpy(pr + 2, t.acc + (size_t)r * jb->acc_w, sizeof(float) * jb->acc_w);
+            if (jb->split_acc) memcpy(pr + 2 + jb->acc_w, t.accw + (size_t)r * d, sizeof(float) * d);
         }
         return;
     }
     stream_range(jb, s, 0, s->n_blocks, true, nr, t.qbuf, kq, qp, qpos_max, t.m, t.l, t.acc, t.accw, t.logits,
                  t.mscratch);
-    for (int r = 0; r < nr; r++) write_row(jb, h, r0 + r, t.acc + (size_t)r * d, t.accw + (size_t)r * d, t.l[r]);
+    for (int r = 0; r < nr; r++)
+        write_row(jb, h, r0 + r, t.acc + (size_t)r * jb->acc_w, t.accw + (size_t)r * d, t.l[r]);
 }
 
 /* Merges the partitions of head h, in partition order. */
 static void merge_fn(void *ctx, int h, int thread) {
     const job *jb = ctx;
-    int d = jb->c->cfg.head_dim, nr = jb->rows_total, pw = jb->part_w;
+    int d = jb->c->cfg.head_dim, aw = jb->acc_w, nr = jb->rows_total, pw = jb->part_w;
     task_mem t = carve(jb, thread);
-    float *acc = t.acc, *accw = jb->split_acc ? acc + d : acc;
+    float *acc = t.acc, *accw = jb->split_acc ? acc + aw : acc;
     for (int r = 0; r < nr; r++) {
         float M = -INFINITY;
         for (int p = 0; p < jb->n_parts; p++) {
@@ -276,23 +289,24 @@ static void merge_fn(void *ctx, int h, int thread) {
             M = mp > M ? mp : M;
         }
         float L = 0;
-        memset(acc, 0, sizeof(float) * d * (jb->split_acc ? 2 : 1));
+        memset(acc, 0, sizeof(float) * (size_t)(jb->split_acc ? aw + d : d));
         if (M != -INFINITY) {
             for (int p = 0; p < jb->n_parts; p++) {
                 const float *pr = jb->partials + (((size_t)h * jb->n_parts + p) * nr + r) * pw;
                 if (pr[0] == -INFINITY) continue;
                 float w = expf(pr[0] - M);
                 L += pr[1] * w;
-                for (int i = 0; i < d; i++) acc[i] += pr[2 + i] * w;
+                for (int i = 0; i < aw; i++) acc[i] += pr[2 + i] * w;
                 if (jb->split_acc)
-                    for (int i = 0; i < d; i++) accw[i] += pr[2 + d + i] * w;
+                    for (int i = 0; i < d; i++) accw[i] += pr[2 + aw + i] * w;
             }
         }
         write_row(jb, h, r, acc, accw, L);
     }
 }
 
-/* Prepared query rows for the keys method, all heads, once per call. */
+/* Prepared query rows for the keys method, all heads, once per call (split
+ * mode). */
 typedef struct {
     const job *jb;
     float *qtmp; /* [threads][rows_total][d] */
@@ -345,7 +359,8 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
     jb.scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)d);
     jb.split = jb.rows_total <= ROW_CHUNK;
     jb.split_acc = c->spec.v.method->finish_rows != NULL;
-    jb.part_w = 2 + d * (jb.split_acc ? 2 : 1);
+    jb.acc_w = jb.split_acc && c->spec.v.method->acc_floats ? (int)c->spec.v.method->acc_floats(&c->spec.v) : d;
+    jb.part_w = 2 + jb.acc_w + (jb.split_acc ? d : 0);
     int max_blocks = 0;
     for (int h = 0; h < H; h++) {
         int nb = c->streams[(size_t)layer * H + h].n_blocks;
@@ -366,20 +381,21 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
     size_t mk = c->spec.k.method->scratch_floats(&c->spec.k, maxr);
     size_t mv = c->spec.v.method->scratch_floats(&c->spec.v, maxr);
     jb.method_floats = mk > mv ? mk : mv;
-    jb.thread_floats = (size_t)maxr * d * (jb.split_acc ? 3 : 2) + (size_t)maxr * 2 + (size_t)maxr * jb.logit_ld +
-                       jb.method_floats;
+    bool prep = c->spec.k.method->prep_query != NULL;
+    jb.prep_w = prep ? (int)c->spec.k.method->prep_floats(&c->spec.k) : 0;
+    jb.thread_floats = (size_t)maxr * (d + jb.acc_w + (jb.split_acc ? d : 0)) + (size_t)maxr * 2 + (size_t)maxr * jb.logit_ld +
+                       jb.method_floats + (jb.split ? 0 : (size_t)ROW_CHUNK * jb.prep_w);
     jb.thread_floats = (jb.thread_floats + 15) & ~(size_t)15;
     int threads = vq_pool_threads(a->pool);
     size_t partial_floats = jb.split ? (size_t)H * jb.n_parts * jb.rows_total * jb.part_w : 0;
-    bool prep = c->spec.k.method->prep_query != NULL;
-    jb.prep_w = prep ? (int)c->spec.k.method->prep_floats(&c->spec.k) : 0;
-    size_t prep_floats = prep ? (size_t)H * jb.rows_total * jb.prep_w : 0;
-    size_t qtmp_floats = prep ? (size_t)threads * jb.rows_total * d : 0;
+    bool prep_all = prep && jb.split;
+    size_t prep_floats = prep_all ? (size_t)H * jb.rows_total * jb.prep_w : 0;
+    size_t qtmp_floats = prep_all ? (size_t)threads * jb.rows_total * d : 0;
     vq_status st = ensure_scratch(c, jb.thread_floats * threads + partial_floats + prep_floats + qtmp_floats);
     if (st) return st;
     jb.thread_mem = c->attend_scratch;
     jb.partials = c->attend_scratch + jb.thread_floats * threads;
-    if (prep) {
+    if (prep_all) {
         jb.prep = jb.partials + partial_floats;
         prep_ctx pc = {.jb = &jb, .qtmp = jb.prep + prep_floats};
         vq_pool_run(a->pool, H, prep_fn, &pc);

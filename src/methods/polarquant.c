@@ -18,21 +18,34 @@
  * a 16-bit radius, 3.875 bits/elem.
  *
  * Block payload: fp16 radii [block_tokens][d / B], then per token the angle
- * codes as one little-endian bit stream (for each coordinate block: level 1
- * angles, then level 2, ...) rounded up to whole bytes.
+ * codes as one little-endian bit stream rounded up to whole bytes, level
+ * major: all level 1 angles (coordinate block 0's, then block 1's, ...),
+ * then all level 2 angles, and so on. One level's codes of one block are
+ * thus adjacent bits, which for 4/2/2/2 and d a multiple of 128 puts them
+ * in whole bytes (level 1: 4 bytes a block) or fixed fields of one word:
+ * the AVX2 kernel loads 8 blocks' codes of a level into 8 lanes at once.
  * bits/elem = (8 * code bytes + 16 d / B) / d: 3.875 for 4/2/2/2 at d = 128.
  *
- * Attention: the query is rotated once; a key block of B coordinates is
- * rebuilt from its radius and angle codes into B floats on the stack
- * (B = 16 by default: two vector registers) and dotted with every query row
- * before the next block; values add the rebuilt block times the weight in
- * the rotated domain and finish_rows applies R^T. */
+ * Attention: the query is rotated once; keys are rebuilt from radius and
+ * angle codes with table lookups of each level's cosines and sines (no
+ * trigonometry per token) and dotted with every query row; values add the
+ * rebuilt coordinates times the weight in the rotated domain and
+ * finish_rows applies R^T. 4/2/2/2 with d a multiple of 128 (the default
+ * at the usual head dims) runs 8 coordinate blocks per vector
+ * (kernels/cpu/polar_avx2.c); other settings rebuild one block at a time. */
 #include "rotated.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* kernels/cpu/polar_avx2.c: the 4/2/2/2 layout with d a multiple of 128;
+ * tables as made by avx2_tables below. */
+void vq_polar_score_avx2(const float tables[8][8], const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
+                         const float *q, int rows, float *logits, int ld, float *scratch);
+void vq_polar_accum_avx2(const float tables[8][8], const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
+                         const float *w, int ld, int rows, float *acc, float *scratch);
 
 static const char NAME[] = "polar";
 static const double TWO_PI = 6.283185307179586;
@@ -129,17 +142,21 @@ static int get_bits(const uint8_t *s, size_t pos, int bits) {
     return (int)(v & ((1u << bits) - 1));
 }
 
-/* The cosine and sine of every level's angle levels. */
+/* The cosine and sine of every level's angle levels. Level 1's angles are
+ * uniform, a_(c + n/2) = a_c + pi, and stored as exact negatives so that
+ * the AVX2 kernel's half table with a sign flip gives the same numbers. */
 typedef struct {
     float cs[VQ_MAX_LEVELS][16], sn[VQ_MAX_LEVELS][16];
 } trig;
 
 static void trig_init(const vq_mparams *p, trig *tr) {
     int n1 = 1 << p->level_bits[0];
-    for (int c = 0; c < n1; c++) {
+    for (int c = 0; c < n1 / 2; c++) {
         double a = (c + 0.5) * TWO_PI / n1;
         tr->cs[0][c] = (float)cos(a);
         tr->sn[0][c] = (float)sin(a);
+        tr->cs[0][c + n1 / 2] = -tr->cs[0][c];
+        tr->sn[0][c + n1 / 2] = -tr->sn[0][c];
     }
     for (int l = 1; l < p->levels; l++)
         for (int c = 0; c < p->cb[l]->n; c++) {
@@ -148,18 +165,21 @@ static void trig_init(const vq_mparams *p, trig *tr) {
         }
 }
 
+/* Bit offset of coordinate block k's first level-l angle in a token's
+ * codes (the level-major layout). */
+static size_t level_pos(const vq_mparams *p, int l, int k) {
+    int B = 1 << p->levels, nb = n_blocks(p);
+    size_t pos = 0;
+    for (int i = 0; i < l; i++) pos += (size_t)nb * (size_t)(B >> (i + 1)) * (size_t)p->level_bits[i];
+    return pos + (size_t)k * (size_t)(B >> (l + 1)) * (size_t)p->level_bits[l];
+}
+
 /* Rebuilds coordinate block k of a token into val[0..B) from the codes
  * (bit stream s) and the radius. */
 static void rebuild(const vq_mparams *p, const trig *tr, const uint8_t *s, int k, float radius, float *val) {
     int L = p->levels, B = 1 << L;
-    size_t base = (size_t)k * block_bits(p);
-    /* bit offset of each level's first angle in this block */
     size_t off[VQ_MAX_LEVELS];
-    size_t pos = base;
-    for (int l = 0; l < L; l++) {
-        off[l] = pos;
-        pos += (size_t)p->level_bits[l] * (B >> (l + 1));
-    }
+    for (int l = 0; l < L; l++) off[l] = level_pos(p, l, k);
     val[0] = radius;
     for (int l = L - 1; l >= 0; l--) {
         int nodes = B >> (l + 1), bits = p->level_bits[l];
@@ -182,11 +202,11 @@ static void polar_encode(const vq_mparams *p, const float *x, size_t x_stride, i
         vq_rotate(p->rot, x + (size_t)t * x_stride, u);
         uint8_t *s = codes_at(p, blk, bt, t0 + t);
         memset(s, 0, cb);
-        size_t pos = 0;
         for (int k = 0; k < nb; k++) {
             float *v = u + k * B; /* radii overwrite the block in place, level by level */
             for (int l = 0; l < L; l++) {
                 int nodes = B >> (l + 1), bits = p->level_bits[l], nc = 1 << bits;
+                size_t pos = level_pos(p, l, k);
                 for (int i = 0; i < nodes; i++) {
                     double a = v[2 * i], b = v[2 * i + 1], psi = atan2(b, a);
                     int c;
@@ -232,17 +252,50 @@ static void polar_finish_rows(const vq_mparams *p, float *acc, int rows) {
     for (int r = 0; r < rows; r++) vq_rotate_inverse(p->rot, acc + (size_t)r * d, acc + (size_t)r * d);
 }
 
-static size_t polar_scratch(const vq_mparams *p, int rows) {
+/* Whether the AVX2 kernels cover p: the paper's 4/2/2/2 at d a multiple
+ * of 128 (8 coordinate blocks per vector). */
+static bool avx2_covered(const vq_mparams *p) {
+#if defined(__x86_64__)
+    return vq_cpu_has_avx2() && p->levels == 4 && p->level_bits[0] == 4 && p->level_bits[1] == 2 &&
+           p->level_bits[2] == 2 && p->level_bits[3] == 2 && p->head_dim % 128 == 0;
+#else
     (void)p;
+    return false;
+#endif
+}
+
+/* The AVX2 kernels' tables: level 1's first 8 cosines and sines, then the
+ * 2-bit levels' cosines and sines, each replicated to 8 entries. */
+static void avx2_tables(const vq_mparams *p, float t[8][8]) {
+    trig tr;
+    trig_init(p, &tr);
+    for (int i = 0; i < 8; i++) {
+        t[0][i] = tr.cs[0][i];
+        t[1][i] = tr.sn[0][i];
+        for (int l = 1; l < 4; l++) {
+            t[2 * l][i] = tr.cs[l][i & 3];
+            t[2 * l + 1][i] = tr.sn[l][i & 3];
+        }
+    }
+}
+
+/* The AVX2 kernels' transposed q or accumulators of 4 rows. */
+static size_t polar_scratch(const vq_mparams *p, int rows) {
     (void)rows;
-    return 0;
+    return 4 * (size_t)p->head_dim;
 }
 
 static void polar_score(const vq_mparams *p, const float *q, int rows, const uint8_t *blk, int bt, int t0, int n,
                         float *logits, int ld, float *scratch) {
-    (void)scratch;
     int d = p->head_dim, B = 1 << p->levels, nb = n_blocks(p);
     const uint16_t *rad = (const uint16_t *)blk;
+    if (avx2_covered(p)) {
+        float t[8][8];
+        avx2_tables(p, t);
+        vq_polar_score_avx2(t, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0), code_bytes(p), d, n, q, rows, logits,
+                            ld, scratch);
+        return;
+    }
     trig tr;
     trig_init(p, &tr);
     float val[1024];
@@ -259,9 +312,15 @@ static void polar_score(const vq_mparams *p, const float *q, int rows, const uin
 
 static void polar_accum(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk, int bt, int t0,
                         int n, float *acc, float *scratch) {
-    (void)scratch;
     int d = p->head_dim, B = 1 << p->levels, nb = n_blocks(p);
     const uint16_t *rad = (const uint16_t *)blk;
+    if (avx2_covered(p)) {
+        float t[8][8];
+        avx2_tables(p, t);
+        vq_polar_accum_avx2(t, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0), code_bytes(p), d, n, w, ld, rows, acc,
+                            scratch);
+        return;
+    }
     trig tr;
     trig_init(p, &tr);
     float val[1024];

@@ -122,16 +122,15 @@ static void qjl_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, 
     }
 }
 
-/* Prepared row: [S q (m floats), q (d floats, for the outliers)]. */
-static size_t qjl_prep_floats(const vq_mparams *p) { return (size_t)p->sketch + (size_t)p->head_dim; }
+/* Prepared rows: the sign tables of S q (rotated.h), then the rows of q
+ * themselves (d floats each, for the outliers). Built once per attention
+ * call, so a key costs m/4 table lookups and adds. */
+static size_t qjl_prep_floats(const vq_mparams *p) { return 4 * (size_t)p->sketch + (size_t)p->head_dim; }
 
 static void qjl_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim, m = p->sketch;
-    for (int r = 0; r < rows; r++) {
-        float *pr = prep + (size_t)r * (m + d);
-        vq_project(p->proj, m, d, q + (size_t)r * d, pr);
-        memcpy(pr + m, q + (size_t)r * d, sizeof(float) * (size_t)d);
-    }
+    vq_signs_table(p->proj, m, d, q, (size_t)d, rows, prep);
+    memcpy(prep + vq_signs_table_floats(m, rows), q, sizeof(float) * (size_t)rows * d);
 }
 
 static size_t qjl_scratch(const vq_mparams *p, int rows) {
@@ -140,20 +139,27 @@ static size_t qjl_scratch(const vq_mparams *p, int rows) {
     return 0;
 }
 
-static void qjl_score(const vq_mparams *p, const float *q, int rows, const uint8_t *blk, int bt, int t0, int n,
+static void qjl_score(const vq_mparams *p, const float *prep, int rows, const uint8_t *blk, int bt, int t0, int n,
                       float *logits, int ld, float *scratch) {
     (void)scratch;
     int d = p->head_dim, m = p->sketch, K = p->outliers;
     const uint16_t *nrm = norms(p, blk, bt);
-    for (int j = 0; j < n; j++) {
-        const uint8_t *signs = blk + (size_t)(t0 + j) * sign_bytes(p);
+    size_t sb = sign_bytes(p);
+    float gain[64];
+    for (int j0 = 0; j0 < n; j0 += 64) {
+        int cnt = n - j0 < 64 ? n - j0 : 64;
+        vq_f16_to_f32_array(nrm + t0 + j0, gain, (size_t)cnt);
+        for (int j = 0; j < cnt; j++) gain[j] *= SQRT_HALF_PI / (float)m;
+        vq_signs_score(prep, m, rows, blk + (size_t)(t0 + j0) * sb, sb, gain, cnt, logits + j0, ld, false);
+    }
+    const float *q = prep + vq_signs_table_floats(m, rows);
+    for (int j = 0; K && j < n; j++) {
         const uint16_t *pairs = outlier_pairs(p, blk, bt, t0 + j);
-        float g = SQRT_HALF_PI / (float)m * vq_f16_to_f32(nrm[t0 + j]);
         for (int r = 0; r < rows; r++) {
-            const float *pr = q + (size_t)r * (m + d);
-            float s = g * vq_signs_dot(signs, m, pr);
-            for (int k = 0; k < K; k++) s += pr[m + pairs[2 * k]] * vq_f16_to_f32(pairs[2 * k + 1]);
-            logits[(size_t)r * ld + j] = s;
+            const float *qr = q + (size_t)r * d;
+            float s = 0;
+            for (int k = 0; k < K; k++) s += qr[pairs[2 * k]] * vq_f16_to_f32(pairs[2 * k + 1]);
+            logits[(size_t)r * ld + j] += s;
         }
     }
 }

@@ -12,10 +12,15 @@ bool vq_codes_dot_avx2(const uint8_t *packed, int d, int bits, const float *tabl
 bool vq_codes_axpy_avx2(const uint8_t *packed, int d, int bits, const float *table, float w, float *acc);
 bool vq_codes_dot_rows_avx2(const uint8_t *packed, int d, int bits, const float *table, const float *q,
                             size_t q_stride, int rows, float *out);
-float vq_signs_dot_avx2(const uint8_t *signs, int m, const float *v);
 bool vq_codes_axpy_rows_avx2(const uint8_t *packed, int d, int bits, const float *table, const float *w, int rows,
                              float *acc, size_t acc_stride);
 void vq_signs_axpy_avx2(const uint8_t *signs, int m, float w, float *acc);
+float vq_dot_avx2(const float *a, const float *b, int n);
+void vq_signs_score_avx2(const float *tab, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
+                         int n, float *out, int ld, bool add);
+void vq_signs_accum_avx2(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
+                         int rows, float *z, size_t z_stride);
+void vq_axpy_avx2(float a, const float *x, float *y, int n);
 /* kernels/cpu/rotated_avx2.c */
 bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
                          const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
@@ -150,19 +155,98 @@ void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes,
     }
 }
 
+/* Nibble positions j0 .. j0 + nj of the tables of w rows (4: interleaved,
+ * or 1), from v (the projected rows for signs 4 j0 on, vs apart): entry b
+ * starts from the one without b's lowest set bit, so each costs one add. */
+static void table_group(const float *v, size_t vs, int j0, int nj, int w, float *tab) {
+    for (int j = 0; j < nj; j++) {
+        float *e = tab + (size_t)(j0 + j) * 16 * w;
+        for (int r = 0; r < w; r++) {
+            const float *x = v + (size_t)r * vs + 4 * j;
+            e[r] = -(x[0] + x[1]) - (x[2] + x[3]);
+        }
+        for (int b = 1; b < 16; b++) {
+            int i = 0;
+            while (!((b >> i) & 1)) i++;
+            const float *from = e + (b & (b - 1)) * w;
+            for (int r = 0; r < w; r++) e[b * w + r] = from[r] + 2 * v[(size_t)r * vs + 4 * j + i];
+        }
+    }
+}
+
+/* a . b in fp32 (AVX2 when present: the projections of the query are m d
+ * multiply-adds a row and attention call). */
+static float dot(const float *a, const float *b, int n) {
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2()) return vq_dot_avx2(a, b, n);
+#endif
+    return vq_vec_dot(a, b, n);
+}
+
+/* Signs projected per piece, so the stack holds 4 rows x PIECE floats. */
+#define PIECE 256
+
+void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_stride, int rows, float *tab) {
+    float v[4 * PIECE];
+    for (int r = 0; r < rows;) {
+        int w = rows - r >= 4 ? 4 : 1;
+        for (int i0 = 0; i0 < m; i0 += PIECE) {
+            int cnt = m - i0 < PIECE ? m - i0 : PIECE;
+            for (int k = 0; k < w; k++)
+                for (int i = 0; i < cnt; i++) v[k * PIECE + i] = dot(s + (size_t)(i0 + i) * d, x + (size_t)(r + k) * x_stride, d);
+            table_group(v, PIECE, i0 / 4, cnt / 4, w, tab + (size_t)r * 4 * m);
+        }
+        r += w;
+    }
+}
+
+void vq_signs_score(const float *tab, int m, int rows, const uint8_t *signs, size_t stride, const float *gain, int n,
+                    float *out, int ld, bool add) {
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2()) {
+        vq_signs_score_avx2(tab, m, rows, signs, stride, gain, n, out, ld, add);
+        return;
+    }
+#endif
+    for (int r = 0; r < rows;) {
+        int w = rows - r >= 4 ? 4 : 1;
+        const float *tg = tab + (size_t)r * 4 * m;
+        for (int t = 0; t < n; t++) {
+            const uint8_t *s = signs + (size_t)t * stride;
+            float acc[4] = {0, 0, 0, 0};
+            for (int k = 0; k < m / 8; k++) {
+                const float *lo = tg + ((size_t)32 * k + (s[k] & 15)) * w;
+                const float *hi = tg + ((size_t)32 * k + 16 + (s[k] >> 4)) * w;
+                for (int i = 0; i < w; i++) acc[i] += lo[i] + hi[i];
+            }
+            for (int i = 0; i < w; i++) {
+                float *o = out + (size_t)(r + i) * ld + t;
+                *o = add ? *o + gain[t] * acc[i] : gain[t] * acc[i];
+            }
+        }
+        r += w;
+    }
+}
+
+void vq_signs_accum(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
+                    int rows, float *z, size_t z_stride) {
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2()) {
+        vq_signs_accum_avx2(signs, stride, m, gain, n, w, ld, rows, z, z_stride);
+        return;
+    }
+#endif
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < rows; r++) {
+            float wt = w[(size_t)r * ld + t] * gain[t];
+            if (wt != 0) vq_signs_axpy(signs + (size_t)t * stride, m, wt, z + (size_t)r * z_stride);
+        }
+}
+
 void vq_signs_pack(const float *y, int m, uint8_t *out) {
     memset(out, 0, (size_t)(m + 7) / 8);
     for (int i = 0; i < m; i++)
         if (y[i] >= 0) out[i / 8] |= (uint8_t)(1u << (i % 8));
-}
-
-float vq_signs_dot(const uint8_t *signs, int m, const float *v) {
-#if defined(__x86_64__)
-    if (vq_cpu_has_avx2() && m % 8 == 0) return vq_signs_dot_avx2(signs, m, v);
-#endif
-    float s = 0;
-    for (int i = 0; i < m; i++) s += ((signs[i / 8] >> (i % 8)) & 1) ? v[i] : -v[i];
-    return s;
 }
 
 void vq_signs_axpy(const uint8_t *signs, int m, float w, float *acc) {
@@ -180,6 +264,12 @@ void vq_project(const float *s, int m, int d, const float *x, float *y) {
 }
 
 void vq_project_transpose_add(const float *s, int m, int d, const float *y, float *x) {
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2()) {
+        for (int i = 0; i < m; i++) vq_axpy_avx2(y[i], s + (size_t)i * d, x, d);
+        return;
+    }
+#endif
     for (int i = 0; i < m; i++) vq_vec_axpy(y[i], s + (size_t)i * d, x, d);
 }
 

@@ -42,7 +42,8 @@ typedef struct {
 
 /* Attention straight from codes for the rotation methods. Token t's codes
  * start at codes + t * cb, its fp16 norm is norms[t]; q and acc rows are d
- * floats apart (the rotated domain).
+ * floats apart (the rotated domain; d is only the row stride, the parts give
+ * the channels: tq-prod's accumulator rows are 2 head_dim apart).
  * Score: logits[r * ld + t] = norms[t] * sum_c q[r][c] * level_t[c].
  * Accum: acc[r][c] += sum_t w[r * ld + t] * norms[t] * level_t[c].
  * scratch: vq_codes_scratch(d, rows) floats (both). */
@@ -54,10 +55,32 @@ void vq_codes_score(const vq_code_part *parts, int nparts, const uint8_t *codes,
 void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb, const uint16_t *norms,
                     int n, const float *w, int ld, int rows, float *acc, int d, float *scratch);
 
+/* Sign sketches scored through per-query tables (QJL keys, tq-prod's
+ * residual stage). For each nibble j of a sketch (signs 4j..4j+3) and each
+ * of its 16 values b, a row's table holds sum_i (bit i of b ? v : -v)[4j + i]
+ * with v = S x the projected query, so a sketch of m signs scores as the sum
+ * of m/4 table entries: lookups and adds, no per-sign work. Nibbles rather
+ * than bytes keep a table at 4 m floats (16 KB for four rows at m = 256:
+ * L1). Rows are interleaved in fours (entry (j, b) of rows 4a..4a+3 side by
+ * side: one 16-byte load serves four rows); the leftover rows each have a
+ * plain table after them. m is a multiple of 8. */
+static inline size_t vq_signs_table_floats(int m, int rows) { return (size_t)4 * (size_t)m * (size_t)rows; }
+/* The tables of v = S x for `rows` vectors x (d floats each, x_stride
+ * apart) and the m x d row-major S; S x is never stored whole. */
+void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_stride, int rows, float *tab);
+/* out[r * ld + t] (+)= gain[t] * sum_i s_t,i v_r[i] for the n sketches
+ * signs + t * stride, from vq_signs_table's tab; `add` adds instead of
+ * storing. */
+void vq_signs_score(const float *tab, int m, int rows, const uint8_t *signs, size_t stride, const float *gain, int n,
+                    float *out, int ld, bool add);
+/* z[r * z_stride + i] += sum_t w[r * ld + t] * gain[t] * s_t,i for the n
+ * sketches signs + t * stride (values weighted by the softmax: tq-prod's
+ * residual). */
+void vq_signs_accum(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
+                    int rows, float *z, size_t z_stride);
+
 /* Writes the m signs of y (y >= 0 -> bit set). */
 void vq_signs_pack(const float *y, int m, uint8_t *out);
-/* sum_i s_i * v[i], s_i = +1 / -1 from the m sign bits. */
-float vq_signs_dot(const uint8_t *signs, int m, const float *v);
 /* acc[i] += w * s_i. */
 void vq_signs_axpy(const uint8_t *signs, int m, float w, float *acc);
 

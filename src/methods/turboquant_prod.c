@@ -12,10 +12,12 @@
  * sign bits; then fp16 ||x|| [block_tokens] and fp16 gamma [block_tokens].
  * bits/elem = b + 32/d.
  *
- * Attention: prep_query gives [R q, S R q] per row; scores read the codes
- * and signs directly. Values: accum adds the codebook part in the rotated
- * domain and gathers the sign part per call in scratch, then adds S^T of it
- * (d^2 per call, not per token); finish_rows applies R^T. */
+ * Attention: prep_query gives R q and the sign tables of S R q (rotated.h)
+ * per row; scores read the codes (the shared codes kernel) and the signs
+ * (table lookups) directly. Values: accum adds the codebook part in the
+ * rotated domain and the sign part in the sketch domain, side by side in a
+ * 2 d accumulator row; finish_rows adds S^T of the sign part and applies
+ * R^T, d^2 work per output row and attention call. */
 #include "pack.h"
 #include "rotated.h"
 
@@ -115,63 +117,76 @@ static void prod_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0,
     }
 }
 
-static size_t prod_prep_floats(const vq_mparams *p) { return 2 * (size_t)p->head_dim; }
+/* Prepared rows: the sign tables of S R q (rotated.h), then the rows of
+ * R q (d floats each). */
+static size_t prod_prep_floats(const vq_mparams *p) { return 5 * (size_t)p->head_dim; }
 
 static void prod_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim;
-    for (int r = 0; r < rows; r++) {
-        float *pr = prep + (size_t)r * 2 * d;
-        vq_rotate(p->rot, q + (size_t)r * d, pr);
-        vq_project(p->proj, d, d, pr, pr + d);
-    }
+    float *rq = prep + vq_signs_table_floats(d, rows);
+    for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, rq + (size_t)r * d);
+    vq_signs_table(p->proj, d, d, rq, (size_t)d, rows, prep);
 }
+
+/* Accumulator rows: the rotated-domain codebook part (d floats), then the
+ * sign part in the sketch domain (d floats), mapped back with S^T once per
+ * output row here rather than once per block. */
+static size_t prod_acc_floats(const vq_mparams *p) { return 2 * (size_t)p->head_dim; }
 
 static void prod_finish_rows(const vq_mparams *p, float *acc, int rows) {
     int d = p->head_dim;
-    for (int r = 0; r < rows; r++) vq_rotate_inverse(p->rot, acc + (size_t)r * d, acc + (size_t)r * d);
+    for (int r = 0; r < rows; r++) {
+        float *a = acc + (size_t)r * 2 * d;
+        vq_project_transpose_add(p->proj, d, d, a + d, a);
+        vq_rotate_inverse(p->rot, a, a);
+    }
 }
 
-/* score(): per-row sums of one token; accum(): the sign part [rows][d] */
-static size_t prod_scratch(const vq_mparams *p, int rows) { return (size_t)rows * (size_t)p->head_dim; }
+/* The (b-1)-bit part as one code part of the shared kernels (rotated.h). */
+static vq_code_part mse_part(const vq_mparams *p) {
+    return (vq_code_part){0, p->head_dim, p->bits - 1, p->cb[0]->centroid};
+}
 
-static void prod_score(const vq_mparams *p, const float *q, int rows, const uint8_t *blk, int bt, int t0, int n,
+/* score() and accum(): the codes kernels' scratch */
+static size_t prod_scratch(const vq_mparams *p, int rows) { return vq_codes_scratch(p->head_dim, rows); }
+
+/* len * <R q, c[codes]> from the codes kernel, then len * gamma *
+ * sqrt(pi/2) / d * <S R q, signs> from the sign tables added on. */
+static void prod_score(const vq_mparams *p, const float *prep, int rows, const uint8_t *blk, int bt, int t0, int n,
                        float *logits, int ld, float *scratch) {
     int d = p->head_dim;
     size_t tb = token_bytes(p), mb = mse_bytes(p);
     const uint16_t *nrm = meta(p, blk, bt), *gam = nrm + bt;
-    const float *table = p->cb[0]->centroid;
-    for (int j = 0; j < n; j++) {
-        const uint8_t *src = blk + (size_t)(t0 + j) * tb;
-        float len = vq_f16_to_f32(nrm[t0 + j]);
-        float g = SQRT_HALF_PI / (float)d * vq_f16_to_f32(gam[t0 + j]);
-        vq_codes_dot_rows(src, d, p->bits - 1, table, q, 2 * (size_t)d, rows, scratch);
-        for (int r = 0; r < rows; r++) {
-            float s = scratch[r] + g * vq_signs_dot(src + mb, d, q + (size_t)r * 2 * d + d);
-            logits[(size_t)r * ld + j] = len * s;
-        }
+    vq_code_part part = mse_part(p);
+    const float *rq = prep + vq_signs_table_floats(d, rows);
+    vq_codes_score(&part, 1, blk + (size_t)t0 * tb, tb, nrm + t0, n, rq, d, rows, logits, ld, scratch);
+    float gain[64], len[64];
+    for (int j0 = 0; j0 < n; j0 += 64) {
+        int cnt = n - j0 < 64 ? n - j0 : 64;
+        vq_f16_to_f32_array(nrm + t0 + j0, len, (size_t)cnt);
+        vq_f16_to_f32_array(gam + t0 + j0, gain, (size_t)cnt);
+        for (int j = 0; j < cnt; j++) gain[j] = len[j] * (SQRT_HALF_PI / (float)d * gain[j]);
+        vq_signs_score(prep, d, rows, blk + (size_t)(t0 + j0) * tb + mb, tb, gain, cnt, logits + j0, ld, true);
     }
 }
 
+/* Both parts go straight into the accumulator rows (prod_acc_floats): the
+ * codebook part in the rotated domain, the sign part in the sketch domain. */
 static void prod_accum(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk, int bt, int t0,
                        int n, float *acc, float *scratch) {
     int d = p->head_dim;
     size_t tb = token_bytes(p), mb = mse_bytes(p);
     const uint16_t *nrm = meta(p, blk, bt), *gam = nrm + bt;
-    const float *table = p->cb[0]->centroid;
-    float *z = scratch; /* [rows][d] the sign part, in the sketch domain */
-    memset(z, 0, sizeof(float) * (size_t)rows * d);
-    for (int j = 0; j < n; j++) {
-        const uint8_t *src = blk + (size_t)(t0 + j) * tb;
-        float len = vq_f16_to_f32(nrm[t0 + j]);
-        float g = SQRT_HALF_PI / (float)d * vq_f16_to_f32(gam[t0 + j]);
-        for (int r = 0; r < rows; r++) {
-            float wt = w[(size_t)r * ld + j] * len;
-            if (wt == 0) continue;
-            vq_codes_axpy(src, d, p->bits - 1, table, wt, acc + (size_t)r * d);
-            vq_signs_axpy(src + mb, d, wt * g, z + (size_t)r * d);
-        }
+    vq_code_part part = mse_part(p);
+    vq_codes_accum(&part, 1, blk + (size_t)t0 * tb, tb, nrm + t0, n, w, ld, rows, acc, 2 * d, scratch);
+    float gain[64], len[64];
+    for (int j0 = 0; j0 < n; j0 += 64) {
+        int cnt = n - j0 < 64 ? n - j0 : 64;
+        vq_f16_to_f32_array(nrm + t0 + j0, len, (size_t)cnt);
+        vq_f16_to_f32_array(gam + t0 + j0, gain, (size_t)cnt);
+        for (int j = 0; j < cnt; j++) gain[j] = len[j] * (SQRT_HALF_PI / (float)d * gain[j]);
+        vq_signs_accum(blk + (size_t)(t0 + j0) * tb + mb, tb, d, gain, cnt, w + j0, ld, rows, acc + d, 2 * (size_t)d);
     }
-    for (int r = 0; r < rows; r++) vq_project_transpose_add(p->proj, d, d, z + (size_t)r * d, acc + (size_t)r * d);
 }
 
 const vq_method vq_method_tq_prod = {
@@ -187,6 +202,7 @@ const vq_method vq_method_tq_prod = {
     .prep_floats = prod_prep_floats,
     .prep_query = prod_prep_query,
     .finish_rows = prod_finish_rows,
+    .acc_floats = prod_acc_floats,
     .scratch_floats = prod_scratch,
     .score = prod_score,
     .accum = prod_accum,

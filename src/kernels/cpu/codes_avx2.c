@@ -4,10 +4,19 @@
  * levels with an in-register table lookup (vpermps; 16 levels take two and
  * a blend). Nothing is decoded to memory. Built with -mavx2 -mfma and only
  * called after the CPU was checked. Sign sketches: a clear bit flips the
- * sign of its float (XOR), no branches. */
-#include "vq_internal.h"
+ * sign of its float (XOR), no branches; scored through per-query nibble
+ * tables (vq_signs_score_avx2), accumulated with the bits turned into +-1.0
+ * lanes (vq_signs_accum_avx2). Also the fp32 dot and axpy the query
+ * projections and tq-prod's S^T use. */
+#include "methods/rotated.h"
 
 #include <immintrin.h>
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
 
 /* The shapes covered: every 8-channel run must sit in 8 consecutive bytes. */
 static bool covered(int d, int bits) {
@@ -96,23 +105,6 @@ bool vq_codes_dot_rows_avx2(const uint8_t *packed, int d, int bits, const float 
     return true;
 }
 
-/* sum_i s_i v[i] over m sign bits (m a multiple of 8): a clear bit flips
- * the sign bit of v[i]. */
-float vq_signs_dot_avx2(const uint8_t *signs, int m, const float *v) {
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
-    __m256 acc = _mm256_setzero_ps();
-    for (int i = 0; i < m; i += 8) {
-        __m256i set = _mm256_and_si256(_mm256_set1_epi32(signs[i / 8]), bit);
-        __m256i flip = _mm256_andnot_si256(_mm256_cmpeq_epi32(set, bit), sign);
-        acc = _mm256_add_ps(acc, _mm256_xor_ps(_mm256_loadu_ps(v + i), _mm256_castsi256_ps(flip)));
-    }
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-
 /* acc_r[c] += w[r] * table[code_c] for every row, each run looked up once. */
 bool vq_codes_axpy_rows_avx2(const uint8_t *packed, int d, int bits, const float *table, const float *w, int rows,
                              float *acc, size_t acc_stride) {
@@ -139,4 +131,130 @@ void vq_signs_axpy_avx2(const uint8_t *signs, int m, float w, float *acc) {
         __m256 sw = _mm256_xor_ps(wv, _mm256_castsi256_ps(flip));
         _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), sw));
     }
+}
+
+/* Sign-sketch scores from vq_signs_table's tables (methods/rotated.h): per
+ * sketch, one 16-byte load and add per nibble serves four rows; four add
+ * chains hide the latency. The tables (4 m floats a row) sit in L1. */
+void vq_signs_score_avx2(const float *tab, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
+                         int n, float *out, int ld, bool add) {
+    int nb = m / 8, r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float *tg = tab + (size_t)r * 4 * m;
+        for (int t = 0; t < n; t++) {
+            const uint8_t *s = signs + (size_t)t * stride;
+            __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps(), a2 = _mm_setzero_ps(), a3 = _mm_setzero_ps();
+            int k = 0;
+            for (; k + 2 <= nb; k += 2) {
+                unsigned b0 = s[k], b1 = s[k + 1];
+                const float *e = tg + (size_t)128 * k;
+                a0 = _mm_add_ps(a0, _mm_loadu_ps(e + 4 * (b0 & 15)));
+                a1 = _mm_add_ps(a1, _mm_loadu_ps(e + 64 + 4 * (b0 >> 4)));
+                a2 = _mm_add_ps(a2, _mm_loadu_ps(e + 128 + 4 * (b1 & 15)));
+                a3 = _mm_add_ps(a3, _mm_loadu_ps(e + 192 + 4 * (b1 >> 4)));
+            }
+            if (k < nb) {
+                unsigned b0 = s[k];
+                const float *e = tg + (size_t)128 * k;
+                a0 = _mm_add_ps(a0, _mm_loadu_ps(e + 4 * (b0 & 15)));
+                a1 = _mm_add_ps(a1, _mm_loadu_ps(e + 64 + 4 * (b0 >> 4)));
+            }
+            float v[4];
+            _mm_storeu_ps(v, _mm_mul_ps(_mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)), _mm_set1_ps(gain[t])));
+            for (int i = 0; i < 4; i++) {
+                float *o = out + (size_t)(r + i) * ld + t;
+                *o = add ? *o + v[i] : v[i];
+            }
+        }
+    }
+    for (; r < rows; r++) {
+        const float *tg = tab + (size_t)r * 4 * m;
+        for (int t = 0; t < n; t++) {
+            const uint8_t *s = signs + (size_t)t * stride;
+            float a0 = 0, a1 = 0;
+            for (int k = 0; k < nb; k++) {
+                a0 += tg[32 * k + (s[k] & 15)];
+                a1 += tg[32 * k + 16 + (s[k] >> 4)];
+            }
+            float *o = out + (size_t)r * ld + t, v = gain[t] * (a0 + a1);
+            *o = add ? *o + v : v;
+        }
+    }
+}
+
+/* z[R rows][G runs of 8 signs from byte k] += sum_t wg[r][t] s_t: the R x G
+ * accumulators stay in registers over the tokens. A sign byte becomes +-1.0
+ * per lane: the G bytes are broadcast together, vpsllvd moves bit i of byte
+ * g to the sign position of lane i, and a clear bit sets the sign of 1.0.
+ * wg rows are 64 floats apart, z rows zs. */
+static ALWAYS_INLINE void signs_accum_runs(const uint8_t *signs, size_t stride, size_t zs, int k, int cnt,
+                                           const float *wg, const int R, const int G, float *z) {
+    const __m256i shifts[2] = {_mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24),
+                               _mm256_setr_epi32(23, 22, 21, 20, 19, 18, 17, 16)};
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    __m256 a[8];
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++) a[r * G + g] = _mm256_loadu_ps(z + (size_t)r * zs + 8 * (k + g));
+    const uint8_t *s = signs + k;
+    for (int t = 0; t < cnt; t++, s += stride) {
+        __m256i bytes = _mm256_set1_epi32(G == 2 ? s[0] | s[1] << 8 : s[0]);
+        for (int g = 0; g < G; g++) {
+            __m256i x = _mm256_sllv_epi32(bytes, shifts[g]);
+            __m256 sg = _mm256_or_ps(one, _mm256_andnot_ps(_mm256_castsi256_ps(x), sign));
+            for (int r = 0; r < R; r++)
+                a[r * G + g] = _mm256_fmadd_ps(_mm256_broadcast_ss(wg + r * 64 + t), sg, a[r * G + g]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++) _mm256_storeu_ps(z + (size_t)r * zs + 8 * (k + g), a[r * G + g]);
+}
+
+static ALWAYS_INLINE void signs_accum_rows(const uint8_t *signs, size_t stride, int m, size_t zs, int cnt,
+                                           const float *wg, const int R, float *z) {
+    int k = 0;
+    for (; k + 2 <= m / 8; k += 2) signs_accum_runs(signs, stride, zs, k, cnt, wg, R, 2, z);
+    if (k < m / 8) signs_accum_runs(signs, stride, zs, k, cnt, wg, R, 1, z);
+}
+
+void vq_signs_accum_avx2(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
+                         int rows, float *z, size_t z_stride) {
+    float wg[4 * 64];
+    for (int t0 = 0; t0 < n; t0 += 64) {
+        int cnt = n - t0 < 64 ? n - t0 : 64;
+        const uint8_t *st = signs + (size_t)t0 * stride;
+        for (int r = 0; r < rows;) {
+            int R = rows - r >= 4 ? 4 : 1;
+            for (int i = 0; i < R; i++)
+                for (int t = 0; t < cnt; t++) wg[i * 64 + t] = w[(size_t)(r + i) * ld + t0 + t] * gain[t0 + t];
+            if (R == 4) signs_accum_rows(st, stride, m, z_stride, cnt, wg, 4, z + (size_t)r * z_stride);
+            else signs_accum_rows(st, stride, m, z_stride, cnt, wg, 1, z + (size_t)r * z_stride);
+            r += R;
+        }
+    }
+}
+
+/* a . b over n floats, 16 at a time in two chains. */
+float vq_dot_avx2(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    __m256 s = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float r = _mm_cvtss_f32(h);
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+/* y[0..n) += a x[0..n). */
+void vq_axpy_avx2(float a, const float *x, float *y, int n) {
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
 }

@@ -51,10 +51,6 @@
 #define ALWAYS_INLINE inline
 #endif
 
-static inline __m256i load_u8x16(const uint8_t *p) {
-    return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-}
-
 static inline float hmax8(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -287,40 +283,41 @@ static float prep_weights(const float *wr, const float *sT, const float *zT, int
     return deq;
 }
 
-/* acc[R rows][16 channels from ch] += deq[r] * fs * sum over the chunk's
- * token pairs of the weight pairs times one slot of one 16-byte unit of
- * codes (R = 4 or 1, a constant: the accumulators stay in registers). The
- * codes are taken with a mask only, c * 2^(bits j) (at most 255: fits the
- * int16 operand); fs = 2^shl / 2^(bits j) takes the power back. The unpack
- * leaves the lanes {0-3, 8-11} and {4-7, 12-15}; fixed on store. wg: the
- * weight pairs of the slot's group, row r at wg + r * CHUNK / 2. The float
- * factors are formed after the loop: live through it, they pushed the
- * accumulators out of the 16 registers. */
+/* One token pair's codes of 8 channels, interleaved as int16 pairs (c_t,
+ * c_t+1) per channel and masked to one slot: the operand of madd. */
+static ALWAYS_INLINE __m256i pair_codes(const uint8_t *ca, const uint8_t *cb, __m256i mask) {
+    __m128i x = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)ca), _mm_loadl_epi64((const __m128i *)cb));
+    return _mm256_and_si256(_mm256_cvtepu8_epi16(x), mask);
+}
+
+/* acc[R rows][8 channels from ch] += deq[r] * fs * sum over the chunk's
+ * token pairs of the weight pairs times one slot of 8 plane bytes (R = 4
+ * or 1, a constant). The codes are taken with a mask only, c * 2^(bits j)
+ * (at most 255: fits the int16 operand); fs = 2^shl / 2^(bits j) takes the
+ * power back. wg: the weight pairs of the slot's group, row r at wg + r *
+ * CHUNK / 2. Eight channels a step keep R accumulators live: with 16 (two
+ * accumulators a row) GCC spilled one, and the loop ran at the latency of
+ * the store and reload. The float factors are formed after the loop. */
 static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, __m256i mask,
                                      const float *deq, float fs, const int R, float *acc, int d) {
-    __m256i a[4], b[4];
-    for (int r = 0; r < R; r++) a[r] = b[r] = _mm256_setzero_si256();
+    __m256i a[4];
+    for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
     /* whole pairs with running pointers (no per-pair index math), then an
      * odd last token paired with itself: its partner's weight is 0 */
     const uint8_t *ca = codes;
     const int32_t *wt = wg;
-    for (int t = 0; t < cn; t += 2, ca += 2 * cb, wt++) {
-        __m256i xa = load_u8x16(ca), xb = load_u8x16(t + 1 < cn ? ca + cb : ca);
-        __m256i lo = _mm256_and_si256(_mm256_unpacklo_epi16(xa, xb), mask);
-        __m256i hi = _mm256_and_si256(_mm256_unpackhi_epi16(xa, xb), mask);
-        for (int r = 0; r < R; r++) {
-            __m256i w = _mm256_set1_epi32(wt[r * (CHUNK / 2)]);
-            a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(lo, w));
-            b[r] = _mm256_add_epi32(b[r], _mm256_madd_epi16(hi, w));
-        }
+    int t = 0;
+    for (; t + 2 <= cn; t += 2, ca += 2 * cb, wt++) {
+        __m256i x = pair_codes(ca, ca + cb, mask);
+        for (int r = 0; r < R; r++) a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(x, _mm256_set1_epi32(wt[r * (CHUNK / 2)])));
+    }
+    if (t < cn) {
+        __m256i x = pair_codes(ca, ca, mask);
+        for (int r = 0; r < R; r++) a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(x, _mm256_set1_epi32(wt[r * (CHUNK / 2)])));
     }
     for (int r = 0; r < R; r++) {
-        __m256 f = _mm256_set1_ps(deq[r] * fs);
-        __m256 fa = _mm256_cvtepi32_ps(a[r]), fb = _mm256_cvtepi32_ps(b[r]);
         float *o = acc + (size_t)r * d;
-        __m256 n0 = _mm256_permute2f128_ps(fa, fb, 0x20), n1 = _mm256_permute2f128_ps(fa, fb, 0x31);
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(n0, f, _mm256_loadu_ps(o)));
-        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(n1, f, _mm256_loadu_ps(o + 8)));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_set1_ps(deq[r] * fs), _mm256_loadu_ps(o)));
     }
 }
 
@@ -328,7 +325,7 @@ static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, co
  * counts 2^shl (the high bit of 3-bit codes: 4). wp is [group][row][pair]. */
 static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, int stride, int bits, int shl,
                                       int G, const int32_t *wp, const float *deq, const int R, float *acc, int d) {
-    for (int u = 0; u < stride; u += 16)
+    for (int u = 0; u < stride; u += 8)
         for (int j = 0; j < 8 / bits; j++) {
             int ch = j * stride + u, g = ch / G;
             float fs = (float)(1 << shl) / (float)(1 << (bits * j));
