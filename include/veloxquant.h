@@ -103,9 +103,37 @@ void vq_pool_run(vq_pool *p, int n_tasks, void (*fn)(void *ctx, int task, int th
  * A KV spec string picks the compression:
  *   METHOD[:key=value,...]                the same method for K and V
  *   k=METHOD[:...];v=METHOD[:...]         different methods or bits for K and V
- * Methods in this build: "fp16" and "kivi" (bits=2|3|4|8, group=32|64|128,
- * residual=0..4096; defaults bits=2, group=32, residual=128).
- * Eviction policies ("+POLICY") are not available in this build.
+ *   ...+POLICY[:key=value,...]            token eviction on top of either
+ * Methods: fp16, kivi, tq-mse, tq-prod, rvq, qjl, polar (README, "KV specs").
+ *
+ * Eviction policies: streaming, h2o, tova, keyformer, snapkv, pyramidkv,
+ * knorm, qfilters. Options every policy takes:
+ *   budget=N   keep at most N tokens per (layer, kv head), 1..2^31-1, or
+ *   ratio=R    keep at most ceil(R * tokens appended so far), 0 < R <= 1
+ *              (exactly one of the two);
+ *   sinks=S    the S oldest tokens held are protected (default 4);
+ *   recent=W   the W newest tokens held are protected (default budget/4);
+ *   adakv=1    Ada-KV: the heads of a layer share n_heads_kv * budget slots
+ *              (normalized scores compete across heads; not for streaming);
+ *   floor=F    with adakv, every head keeps at least F * budget (default 0.2).
+ * Policy options: keyformer tau (Gumbel noise scale, default 1; 0 = h2o),
+ * seed; snapkv and pyramidkv window (observed queries, default 32), pool
+ * (max-pooling kernel, odd, default 7); pyramidkv beta (first/last layer
+ * budget ratio, default 20; budget is the mean over layers); qfilters
+ * filters=FILE (required; from `veloxquant calibrate qfilters`).
+ * E.g. "kivi:bits=2+snapkv:budget=1024", "fp16+h2o:ratio=0.25",
+ * "k=tq-mse:bits=4;v=kivi:bits=2+tova:budget=512",
+ * "kivi+h2o:budget=512,adakv=1".
+ *
+ * Budget semantics: an append of n tokens first evicts each head down to
+ * budget - n slots (by the scores known then: sinks and recent protected,
+ * then the best scores, ties to the lower position), then appends; so a
+ * head never holds more than its budget, not even during the attention of
+ * the appending step. When protection alone passes budget - n, the recent
+ * window shrinks first, then the sinks. An append of more tokens than the
+ * budget is an error (vq_cache_append_limit). Evicted tokens free their
+ * memory; kept tokens keep their absolute positions, and new tokens get
+ * theirs.
  */
 /* Where a cache's blocks live. */
 typedef enum { VQ_DEVICE_CPU = 0, VQ_DEVICE_CUDA = 1 } vq_device;
@@ -118,7 +146,9 @@ typedef struct {
     const char *kv_spec; /* NULL means "fp16" */
     int64_t capacity;    /* max tokens per (layer, head); 0 = unlimited */
     int block_tokens;    /* tokens per storage block; 0 = default (64, or the
-                            spec's token group if larger) */
+                            spec's token group if larger; with eviction and
+                            KIVI keys exactly their group, the only value
+                            allowed besides 0) */
     vq_device device;    /* where the blocks live; 0 (zero-initialized) = CPU */
     int device_index;    /* CUDA device ordinal (device == VQ_DEVICE_CUDA) */
 } vq_cache_config;
@@ -138,16 +168,29 @@ void vq_cache_free(vq_cache *c);
 vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, const void *v,
                           vq_dtype dtype, const int32_t *positions);
 
-/* Tokens held by one layer (every head holds the same count). */
+/* Tokens held by one layer: the largest count of its kv heads (without
+ * eviction, and with per-head budgets filled up, every head holds the
+ * same). It sizes a per-head row of vq_attend_args.key_weights. */
 int64_t vq_cache_tokens(const vq_cache *c, int layer);
+/* Tokens held by one (layer, kv head); 0 when out of range. */
+int64_t vq_cache_head_tokens(const vq_cache *c, int layer, int kv_head);
+/* Tokens ever appended to a layer since creation or reset (evicted ones
+ * included). */
+int64_t vq_cache_tokens_seen(const vq_cache *c, int layer);
+/* The most tokens one vq_cache_append may add to any layer now without
+ * passing the eviction budget; INT64_MAX without a policy. */
+int64_t vq_cache_append_limit(const vq_cache *c);
 /* Bytes actually allocated for K/V data and their metadata (codes, scales,
- * positions, the fp16 window), all layers. */
+ * positions, the fp16 window, eviction scores), all layers. */
 size_t vq_cache_bytes(const vq_cache *c);
+/* The most vq_cache_bytes has been since creation or the last reset. */
+size_t vq_cache_peak_bytes(const vq_cache *c);
 /* Bytes the same tokens would take as plain fp16 K and V. */
 size_t vq_cache_bytes_fp16_equiv(const vq_cache *c);
-/* Drops every token; keeps allocated blocks for reuse. */
+/* Drops every token; keeps allocated full-size blocks for reuse. */
 void vq_cache_reset(vq_cache *c);
-/* Keeps the first n_tokens tokens of every layer (n_tokens <= tokens held).
+/* Keeps the first n_tokens tokens of every layer (n_tokens <= tokens held);
+ * VQ_ERR_STATE on a cache with an eviction policy.
  * Quantized groups that would be cut are not split: tokens can only be
  * truncated down to a group boundary of the quantized part, or anywhere in
  * the fp16 window; other counts are an error naming the allowed values. */
@@ -164,7 +207,7 @@ double vq_cache_bits_per_elem(const vq_cache *c);
 
 /* Decodes the tokens of one (layer, kv head) to fp32 rows [n][head_dim], in
  * position order, with their positions. For tests and the reference path:
- * attention never does this. n must be vq_cache_tokens(c, layer). */
+ * attention never does this. n is vq_cache_head_tokens(c, layer, kv_head). */
 vq_status vq_cache_decode(const vq_cache *c, int layer, int kv_head, float *k, float *v,
                           int32_t *positions);
 
@@ -207,6 +250,16 @@ typedef struct {
     void *out;             /* [n_q][n_heads_q][head_dim] */
     vq_dtype out_dtype;    /* VQ_F32 or VQ_F16 */
     vq_pool *pool;         /* NULL: run on the calling thread */
+    /* Optional: for each kv head h and slot j (position order), the
+     * softmax probability the slot received, summed over the observed
+     * query rows: the last key_weight_rows query tokens (0 = all) times
+     * the q heads of h's GQA group. Laid out [n_heads_kv][T], T =
+     * vq_cache_tokens(c, layer) after any append; slots past a head's
+     * count are 0. Computed in the same fused pass. When NULL, a cache
+     * whose eviction policy needs attention weights computes them for
+     * the policy itself. */
+    float *key_weights;
+    int key_weight_rows;
 } vq_attend_args;
 
 /* Fused attention of one layer over the compressed cache. Reads packed codes

@@ -103,6 +103,14 @@ typedef struct vq_method {
     void (*finish_rows)(const vq_mparams *p, float *acc, int rows);
     size_t (*acc_floats)(const vq_mparams *p);
 
+    /* The payload's per-token arrays, for eviction to move tokens between
+     * slots and blocks without decoding them: writes the bytes per token of
+     * each array into row_bytes (at most VQ_MAX_TOKEN_ARRAYS) and returns
+     * how many there are. A block of bt tokens holds [bt][row_bytes[0]],
+     * then [bt][row_bytes[1]], ...; a method with token_group() = G > 1
+     * follows them with metadata for each group of G slots (ceil(bt / G)
+     * groups), which block_bytes() counts. */
+    int (*token_layout)(const vq_mparams *p, size_t *row_bytes);
     /* Floats of per-task scratch score/accum need for `rows` query rows. */
     size_t (*scratch_floats)(const vq_mparams *p, int rows);
     /* logits[r * ld + j] = q_r . k_(t0 + j) for r < rows, j < n. q is rows x
@@ -114,6 +122,8 @@ typedef struct vq_method {
     void (*accum)(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
                   int block_tokens, int t0, int n, float *acc, float *scratch);
 } vq_method;
+
+#define VQ_MAX_TOKEN_ARRAYS 4
 
 extern const vq_method vq_method_fp16;
 extern const vq_method vq_method_kivi;
@@ -128,9 +138,29 @@ const vq_method *vq_method_find(const char *name);
 /* Comma-separated list of method names, for error messages. */
 const char *vq_method_names(void);
 
-/* A parsed KV spec: one method instance for keys and one for values. */
+/* Parameters of an eviction policy (the parsed "+POLICY:key=value,...");
+ * see src/evict/evict.h. */
+typedef struct {
+    const struct vq_policy *policy; /* NULL: no eviction */
+    int64_t budget;  /* tokens kept per head; 0 when ratio is given */
+    double ratio;    /* keep ceil(ratio * tokens seen); 0 when budget is given */
+    int sinks;       /* oldest tokens protected */
+    int recent;      /* newest tokens protected; -1: a quarter of the budget */
+    int window;      /* snapkv, pyramidkv: observation window (queries) */
+    int pool;        /* snapkv, pyramidkv: max-pooling kernel (slots, odd) */
+    double beta;     /* pyramidkv: first-to-last layer budget ratio */
+    double tau;      /* keyformer: Gumbel noise scale */
+    uint64_t seed;   /* keyformer: noise seed */
+    int adakv;       /* 1: one budget per layer shared by its heads */
+    double floor;    /* adakv: share of the per-head budget every head keeps */
+    char filters[256]; /* qfilters: the calibrated filters file */
+} vq_evict_params;
+
+/* A parsed KV spec: one method instance for keys and one for values, and
+ * the eviction policy. */
 typedef struct {
     vq_mparams k, v;
+    vq_evict_params evict;
 } vq_spec;
 
 vq_status vq_spec_parse(const char *spec, int head_dim, vq_spec *out);
@@ -138,35 +168,59 @@ void vq_spec_describe(const vq_spec *s, char *buf, size_t size);
 
 /* ---------------------------------------------------------------- cache */
 
-/* One (layer, kv head) stream of tokens. */
+/* One (layer, kv head) stream of tokens, in position order: the tokens of
+ * its blocks in block order, then the fp16 window. A token's index in that
+ * order is its slot. */
 typedef struct {
     uint8_t **blocks;    /* full and partially filled quantized blocks */
+    int32_t *blk_n;      /* tokens held by each block, from its slot 0 */
+    uint8_t *blk_class;  /* each block's size class (vq_cache.cls) */
     int n_blocks;        /* blocks in use */
-    int cap_blocks;      /* length of the blocks array */
+    int cap_blocks;      /* length of the block arrays */
     int64_t n_quant;     /* tokens in blocks */
     /* The fp16 window: the newest tokens, not yet quantized. */
     uint16_t *win_k, *win_v; /* [win_cap][head_dim] */
     int32_t *win_pos;        /* [win_cap] */
     int win_n;
+    /* Eviction: the policy's score of every slot (higher is kept longer),
+     * moved along when slots are compacted. */
+    float *score;
+    int64_t score_cap;
 } vq_stream;
+
+/* Blocks come in size classes: one class of block_tokens slots, and with
+ * eviction of a key-grouped method (KIVI keys) smaller classes that a
+ * thinned-out block moves into (see cache/compact.c). */
+#define VQ_MAX_CLASSES 16
+typedef struct {
+    int cap;              /* token slots */
+    size_t k_bytes, v_bytes; /* payload bytes, each rounded to 64 */
+    size_t bytes;         /* k + v payload + positions, rounded to 64 */
+    size_t allocated;     /* blocks of this class currently owned */
+} vq_block_class;
 
 struct vq_cache {
     vq_cache_config cfg;
     vq_spec spec;
-    char spec_text[512];
+    char spec_text[1024];
     int block_tokens;
     int flush_tokens;      /* tokens moved from the window to blocks at once */
     int residual;          /* tokens kept in the window after a flush */
     int win_cap;           /* residual + flush_tokens */
-    size_t k_bytes, v_bytes; /* payload bytes per block */
+    size_t k_bytes, v_bytes; /* payload bytes per full block */
     size_t block_bytes;      /* k + v payload + positions, rounded to 64 */
+    vq_block_class cls[VQ_MAX_CLASSES]; /* cls[0]: block_tokens slots */
+    int n_classes;
     vq_stream *streams;    /* [n_layers][n_heads_kv] */
     int32_t *last_pos;     /* [n_layers], -1 when empty */
-    /* Free blocks kept for reuse after reset/truncate. */
+    int64_t *seen;         /* [n_layers] tokens ever appended (ratio budgets) */
+    /* Free full-size blocks kept for reuse after reset/truncate. */
     uint8_t **free_blocks;
     int n_free, cap_free;
-    size_t blocks_allocated; /* blocks currently owned (in use + free) */
     size_t window_bytes;     /* bytes of allocated windows */
+    size_t score_bytes;      /* bytes of the eviction scores */
+    size_t peak_bytes;       /* the most vq_cache_bytes has been */
+    struct vq_evict_state *evict; /* NULL without a policy */
     /* Scratch for append (fp32 rows) and attend (partials); grown on demand
      * and kept, so the hot path stops allocating after warm-up. */
     float *append_scratch;
@@ -178,10 +232,48 @@ struct vq_cache {
     struct vq_cuda_cache *cuda;
 };
 
-/* Where in a block the positions live. */
-static inline int32_t *vq_block_pos(const vq_cache *c, uint8_t *blk) {
-    return (int32_t *)(blk + c->k_bytes + c->v_bytes);
+static inline vq_stream *vq_stream_at(const vq_cache *c, int layer, int head) {
+    return &c->streams[(size_t)layer * c->cfg.n_heads_kv + head];
 }
+
+/* A block's capacity, its value payload and its positions. */
+static inline int vq_blk_cap(const vq_cache *c, const vq_stream *s, int b) { return c->cls[s->blk_class[b]].cap; }
+static inline uint8_t *vq_blk_v(const vq_cache *c, const vq_stream *s, int b) {
+    return s->blocks[b] + c->cls[s->blk_class[b]].k_bytes;
+}
+static inline int32_t *vq_blk_pos(const vq_cache *c, const vq_stream *s, int b) {
+    const vq_block_class *k = &c->cls[s->blk_class[b]];
+    return (int32_t *)(s->blocks[b] + k->k_bytes + k->v_bytes);
+}
+
+/* Block allocation by size class (cache.c); release gives the memory back
+ * to the system. */
+uint8_t *vq_block_alloc(vq_cache *c, int cls);
+void vq_block_release(vq_cache *c, uint8_t *blk, int cls);
+/* Keeps the slots of one stream with keep[slot] != 0 and drops the rest,
+ * moving packed codes in place; frees emptied blocks and moves thinned-out
+ * key-grouped blocks to smaller ones (cache/compact.c). */
+void vq_stream_keep(vq_cache *c, vq_stream *s, const uint8_t *keep);
+/* Moves n tokens of a method's payload from slot s0 of src (bt_src slots)
+ * to slot t0 of dst (bt_dst slots). src == dst with t0 <= s0 is allowed.
+ * With token_group > 1 the whole block is one group and its metadata is
+ * copied when the blocks differ. */
+void vq_move_tokens(const vq_mparams *p, const uint8_t *src, int bt_src, int s0, uint8_t *dst, int bt_dst, int t0,
+                    int n);
+
+/* Eviction driven by the cache's policy (cache/evict.c). Before appending
+ * n_new tokens to a layer: evicts so that the layer holds at most its
+ * budget once they are in. */
+vq_status vq_cache_evict_for(vq_cache *c, int layer, int n_new);
+/* Query tokens of an attention call of n_q tokens whose attention the
+ * policy observes; 0 when it needs no attention weights. */
+int vq_cache_weight_rows(const vq_cache *c, int n_q);
+/* Feeds the attention weights of one call ([n_heads_kv][ld], slot order)
+ * to the policy. */
+void vq_cache_observe(vq_cache *c, int layer, int n_q, const float *w, size_t ld);
+/* Scratch of the policy for key weights, at least floats long; NULL when
+ * out of memory. */
+float *vq_cache_weight_scratch(vq_cache *c, size_t floats);
 
 /* ---------------------------------------------------------------- kernels */
 

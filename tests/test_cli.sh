@@ -117,5 +117,17 @@ expect_err bad_json "JSON" "$vq" info -m "$tmp/broken"
 printf '{"architectures": ["GPT2LMHeadModel"]}' > "$tmp/broken/config.json"
 expect_err other_arch "GPT2LMHeadModel" "$vq" info -m "$tmp/broken"
 
+# calibrate qfilters: a small calibration gives the same file at any thread
+# count, the report reads it back, and broken input is refused
+expect_ok calibrate "$vq" calibrate qfilters -m "$model" -f "$tmp/text.txt" -o "$tmp/qf.bin" --ctx 64 --windows 2 --threads 2
+expect_ok calibrate_1t "$vq" calibrate qfilters -m "$model" -f "$tmp/text.txt" -o "$tmp/qf1.bin" --ctx 64 --windows 2 --threads 1
+cmp -s "$tmp/qf.bin" "$tmp/qf1.bin" && ok || bad "Q-Filters differ between thread counts"
+expect_ok calibrate_report "$vq" calibrate qfilters -m "$model" --filters "$tmp/qf.bin" --report "$tmp/text.txt" --ctx 64 --report-windows 1
+json_has calibrate_report qfilters_spearman knorm_spearman mean_qfilters mean_knorm
+expect_err calibrate_no_out "give -o FILTERS" "$vq" calibrate qfilters -m "$model" -f "$tmp/text.txt"
+expect_err calibrate_short "fewer than one window" "$vq" calibrate qfilters -m "$model" -f "$tmp/text.txt" -o "$tmp/qf2.bin" --ctx 4000
+head -c 100 "$tmp/qf.bin" > "$tmp/qf_cut.bin"
+expect_err calibrate_truncated "truncated" "$vq" calibrate qfilters -m "$model" --filters "$tmp/qf_cut.bin" --report "$tmp/text.txt" --ctx 64
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -101,7 +101,7 @@ static size_t compare_bytes(pair *p, const char *what) {
             int n = (int)(a->n_quant - (int64_t)blk * bt < bt ? a->n_quant - (int64_t)blk * bt : bt);
             /* compare the filled part of the payloads token by token via decode-free byte ranges */
             const uint8_t *x = a->blocks[blk], *y = b->blocks[blk];
-            CHECK(memcmp(vq_block_pos(c, (uint8_t *)x), vq_block_pos(h, (uint8_t *)y), sizeof(int32_t) * n) == 0,
+            CHECK(memcmp(vq_blk_pos(c, a, blk), vq_blk_pos(h, b, blk), sizeof(int32_t) * n) == 0,
                   "%s: block positions differ", what);
             if (n == bt)
                 for (size_t j = 0; j < c->k_bytes + c->v_bytes; j++) diff += x[j] != y[j];

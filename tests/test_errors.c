@@ -31,7 +31,7 @@ int main(void) {
     expect_create_error("k=kivi:bits=4", 8, 2, 128, "k=METHOD;v=METHOD", NULL);
     expect_create_error("k=kivi;x=fp16", 8, 2, 128, "expected", NULL);
     expect_create_error("k=kivi;v=kivi;v=fp16", 8, 2, 128, "more than one", NULL);
-    expect_create_error("kivi+snapkv:budget=64", 8, 2, 128, "snapkv", "not available");
+    expect_create_error("kivi+snapkv:budget=0", 8, 2, 128, "budget=0", "1..2147483647");
     /* head dims the cache or method cannot take */
     expect_create_error("kivi", 8, 2, 100, "head_dim=100", "multiple of 8");
     expect_create_error("fp16", 8, 2, 0, "head_dim=0", "[8, 1024]");

@@ -151,8 +151,10 @@ int vq_cmd_bench_attn(int argc, char **argv) {
         cfg.kv_spec = "fp16";
         if (vq_cache_create(&cfg, &cf[i])) { fprintf(stderr, "bench attn: %s\n", vq_last_error()); return 1; }
         vq_synth syn = {.n_heads_kv = o.hkv, .n_heads_q = o.hq, .head_dim = o.dim, .seed = 1000 + i};
-        for (int t = 0; t < o.seq; t += chunk) {
-            int n = o.seq - t < chunk ? o.seq - t : chunk;
+        for (int t = 0, n; t < o.seq; t += n) {
+            n = o.seq - t < chunk ? o.seq - t : chunk;
+            /* an evicting spec takes at most its budget per append */
+            if (vq_cache_append_limit(cs[i]) < n) n = (int)vq_cache_append_limit(cs[i]);
             vq_synth_kv(&syn, t, n, k, v);
             if (vq_cache_append(cs[i], 0, n, k, v, VQ_F32, NULL) || vq_cache_append(cf[i], 0, n, k, v, VQ_F32, NULL)) {
                 fprintf(stderr, "bench attn: %s\n", vq_last_error());

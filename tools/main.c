@@ -9,6 +9,7 @@ int vq_cmd_generate(int argc, char **argv);
 int vq_cmd_ppl(int argc, char **argv);
 int vq_cmd_info(int argc, char **argv);
 int vq_cmd_bench_gen(int argc, char **argv);
+int vq_cmd_calibrate(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -25,6 +26,15 @@ static void usage(FILE *f) {
             "                                    perplexity over non-overlapping windows of N tokens (default\n"
             "                                    512); --ref fp16 also reports KL(fp16||spec) and top-1 agreement\n"
             "  veloxquant info -m DIR [--kv SPEC] architecture, parameters, KV bytes per token\n"
+            "  veloxquant calibrate qfilters -m DIR -f FILE -o FILTERS [--ctx N] [--windows N] [--max-tokens N]\n"
+            "                 [--threads T] [--report VALFILE [--report-windows N]]\n"
+            "  veloxquant calibrate qfilters -m DIR --filters FILTERS --report VALFILE [--ctx N] [--report-windows N]\n"
+            "                                    Q-Filters (arXiv 2503.02812): per layer and kv head the first right\n"
+            "                                    singular vector of the uncentered post-RoPE queries over --windows\n"
+            "                                    windows of --ctx tokens of FILE (default 20 x 2048), for\n"
+            "                                    'qfilters:filters=FILTERS'; --report: on VALFILE (default 4 windows),\n"
+            "                                    Spearman correlation of <k, f> and of -|k| with the mean attention\n"
+            "                                    each key receives\n"
             "  veloxquant bench attn [options]   decode attention: a KV spec vs fp16, interleaved\n"
             "  veloxquant bench gen -m DIR [--kv SPEC] [--ctx N] [--decode N] [--runs R] [--threads T] [-f FILE] [--json]\n"
             "                                    model prefill and decode tokens/s at context N (default 4096,\n"
@@ -70,6 +80,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) return vq_cmd_generate(argc - 2, argv + 2);
     if (!strcmp(cmd, "ppl")) return vq_cmd_ppl(argc - 2, argv + 2);
     if (!strcmp(cmd, "info")) return vq_cmd_info(argc - 2, argv + 2);
+    if (!strcmp(cmd, "calibrate")) return vq_cmd_calibrate(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) {
         if (argc >= 3 && !strcmp(argv[2], "attn")) return vq_cmd_bench_attn(argc - 3, argv + 3);
         if (argc >= 3 && !strcmp(argv[2], "gen")) return vq_cmd_bench_gen(argc - 3, argv + 3);

@@ -134,7 +134,8 @@ int vq_cmd_ppl(int argc, char **argv) {
                 scored++;
             }
         }
-        size_t kv = vq_cache_bytes(cs), kv16 = vq_cache_bytes_fp16_equiv(cs);
+        /* the peak: with eviction, blocks come and go within a window */
+        size_t kv = vq_cache_peak_bytes(cs), kv16 = vq_cache_bytes_fp16_equiv(cs);
         if (kv > kv_peak) kv_peak = kv;
         if (kv16 > kv16_peak) kv16_peak = kv16;
         /* progress */

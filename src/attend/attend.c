@@ -13,6 +13,13 @@
  * rows (prefill) the rows are cut into chunks instead and each chunk streams
  * all tokens. The cut depends only on the shapes, never on the thread count,
  * so results are identical for any number of threads.
+ *
+ * Key weights. When asked (vq_attend_args.key_weights, or the cache's
+ * eviction policy), each observed row's masked logits are also copied per
+ * slot into scratch during the same pass; once the row's final max and sum
+ * are known (after the last block, or the partition merge), a second pass
+ * over that scratch turns them into probabilities and sums them per slot
+ * over the observed rows. Nothing is scored twice.
  */
 #include "vq_internal.h"
 
@@ -78,12 +85,21 @@ typedef struct {
     size_t thread_floats;
     size_t method_floats;
     int logit_ld;
+    /* Key weights: rows from kw_first on are observed; their logits per
+     * slot, [H][rows_total - kw_first][kw_ld], and every row's final max
+     * and sum, [H][rows_total][2]. kw_logits NULL: not asked. */
+    int kw_first;
+    size_t kw_ld;
+    float *kw_logits;
+    float *kw_ml;
+    float *kw_out;      /* [H][kw_ld] */
 } job;
 
 /* Processes tokens [t0, t0 + n) of one block-like payload pair. */
 static void run_span(const job *jb, int nr, const float *qbuf, const float *kq, const int32_t *qpos,
                      int32_t qpos_max, const uint8_t *kp, const uint8_t *vp, int bt, const int32_t *kpos, int n,
-                     float *m, float *l, float *acc, float *accw, float *logits, float *mscratch, bool is_window) {
+                     float *m, float *l, float *acc, float *accw, float *logits, float *mscratch, bool is_window,
+                     float *kw_head, int row0, int64_t slot0) {
     const vq_cache *c = jb->c;
     int d = c->cfg.head_dim, ld = jb->logit_ld;
     if (n <= 0) return;
@@ -109,6 +125,8 @@ static void run_span(const job *jb, int nr, const float *qbuf, const float *kq, 
             for (int j = 0; j < n; j++)
                 if (kpos[j] > qp) lr[j] = -INFINITY;
         }
+        if (kw_head && row0 + r >= jb->kw_first)
+            memcpy(kw_head + (size_t)(row0 + r - jb->kw_first) * jb->kw_ld + slot0, lr, sizeof(float) * (size_t)n);
         float mb = max_of(lr, n);
         if (mb == -INFINITY) { /* nothing visible to this row here */
             memset(lr, 0, sizeof(float) * (size_t)n);
@@ -170,20 +188,22 @@ static void prefetch_block(const uint8_t *blk, size_t bytes) {
 
 static void stream_range(const job *jb, const vq_stream *s, int b0, int b1, bool window, int nr,
                          const float *qbuf, const float *kq, const int32_t *qpos, int32_t qpos_max, float *m,
-                         float *l, float *acc, float *accw, float *logits, float *mscratch) {
+                         float *l, float *acc, float *accw, float *logits, float *mscratch, float *kw_head, int row0) {
     const vq_cache *c = jb->c;
-    int bt = c->block_tokens;
+    int64_t slot0 = 0;
+    for (int b = 0; b < b0; b++) slot0 += s->blk_n[b];
     for (int b = b0; b < b1; b++) {
-        int64_t t0 = (int64_t)b * bt;
-        int n = (int)(s->n_quant - t0 < bt ? s->n_quant - t0 : bt);
+        int n = s->blk_n[b];
         uint8_t *blk = s->blocks[b];
-        if (b + 1 < b1 && c->block_bytes <= PREFETCH_MAX_BYTES) prefetch_block(s->blocks[b + 1], c->block_bytes);
-        run_span(jb, nr, qbuf, kq, qpos, qpos_max, blk, blk + c->k_bytes, bt, vq_block_pos(c, blk), n, m, l,
-                 acc, accw, logits, mscratch, false);
+        const vq_block_class *k = &c->cls[s->blk_class[b]];
+        if (b + 1 < b1 && k->bytes <= PREFETCH_MAX_BYTES) prefetch_block(s->blocks[b + 1], k->bytes);
+        run_span(jb, nr, qbuf, kq, qpos, qpos_max, blk, blk + k->k_bytes, k->cap, vq_blk_pos(c, s, b), n, m, l,
+                 acc, accw, logits, mscratch, false, kw_head, row0, slot0);
+        slot0 += n;
     }
     if (window && s->win_n)
         run_span(jb, nr, qbuf, kq, qpos, qpos_max, (const uint8_t *)s->win_k, (const uint8_t *)s->win_v,
-                 c->win_cap, s->win_pos, s->win_n, m, l, acc, accw, logits, mscratch, true);
+                 c->win_cap, s->win_pos, s->win_n, m, l, acc, accw, logits, mscratch, true, kw_head, row0, s->n_quant);
 }
 
 /* Turns summed rows into output: the values method's finish (e.g. the
@@ -247,6 +267,7 @@ static void task_fn(void *ctx, int task, int thread) {
         kq = t.prep;
     }
     const int32_t *qp = jb->a->q_pos ? qpos : NULL;
+    float *kw_head = jb->kw_logits ? jb->kw_logits + (size_t)h * (jb->rows_total - jb->kw_first) * jb->kw_ld : NULL;
     for (int r = 0; r < nr; r++) {
         t.m[r] = -INFINITY;
         t.l[r] = 0;
@@ -259,7 +280,7 @@ static void task_fn(void *ctx, int task, int thread) {
         bool window = sub == jb->n_parts - 1;
         if (b0 < b1 || window)
             stream_range(jb, s, b0 < b1 ? b0 : 0, b0 < b1 ? b1 : 0, window, nr, t.qbuf, kq, qp, qpos_max, t.m, t.l,
-                         t.acc, t.accw, t.logits, t.mscratch);
+                         t.acc, t.accw, t.logits, t.mscratch, kw_head, r0);
         float *part = jb->partials + ((size_t)h * jb->n_parts + sub) * nr * jb->part_w;
         for (int r = 0; r < nr; r++) {
             float *pr = part + (size_t)r * jb->part_w;
@@ -271,9 +292,15 @@ static void task_fn(void *ctx, int task, int thread) {
         return;
     }
     stream_range(jb, s, 0, s->n_blocks, true, nr, t.qbuf, kq, qp, qpos_max, t.m, t.l, t.acc, t.accw, t.logits,
-                 t.mscratch);
+                 t.mscratch, kw_head, r0);
     for (int r = 0; r < nr; r++)
         write_row(jb, h, r0 + r, t.acc + (size_t)r * jb->acc_w, t.accw + (size_t)r * d, t.l[r]);
+    if (jb->kw_logits)
+        for (int r = 0; r < nr; r++) {
+            float *ml = jb->kw_ml + ((size_t)h * jb->rows_total + r0 + r) * 2;
+            ml[0] = t.m[r];
+            ml[1] = t.l[r];
+        }
 }
 
 /* Merges the partitions of head h, in partition order. */
@@ -302,6 +329,31 @@ static void merge_fn(void *ctx, int h, int thread) {
             }
         }
         write_row(jb, h, r, acc, accw, L);
+        if (jb->kw_logits) {
+            float *ml = jb->kw_ml + ((size_t)h * nr + r) * 2;
+            ml[0] = M;
+            ml[1] = L;
+        }
+    }
+}
+
+/* Key weights of head h: each observed row's probabilities, summed per
+ * slot in row order (so the result does not depend on threads). */
+static void weights_fn(void *ctx, int h, int thread) {
+    (void)thread;
+    const job *jb = ctx;
+    const vq_stream *s = vq_stream_at(jb->c, jb->layer, h);
+    int64_t n = s->n_quant + s->win_n;
+    int rows = jb->rows_total - jb->kw_first;
+    float *out = jb->kw_out + (size_t)h * jb->kw_ld;
+    memset(out, 0, sizeof(float) * jb->kw_ld);
+    for (int r = 0; r < rows; r++) {
+        const float *ml = jb->kw_ml + ((size_t)h * jb->rows_total + jb->kw_first + r) * 2;
+        if (ml[0] == -INFINITY || !(ml[1] > 0)) continue; /* the row saw nothing */
+        const float *lg = jb->kw_logits + ((size_t)h * rows + r) * jb->kw_ld;
+        float inv = 1.0f / ml[1];
+        for (int64_t j = 0; j < n; j++)
+            if (lg[j] != -INFINITY) out[j] += expf(lg[j] - ml[0]) * inv;
     }
 }
 
@@ -347,7 +399,14 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
         return vq_fail(VQ_ERR_ARG, "out_dtype %d is not VQ_F32 or VQ_F16", (int)a->out_dtype);
     if (!(a->scale >= 0) || isinf(a->scale))
         return vq_fail(VQ_ERR_ARG, "scale %g is out of range (finite and >= 0; 0 = 1/sqrt(head_dim))", (double)a->scale);
-    if (c->cuda) return vq_cuda_attend(&c, 1, layer, a);
+    if (a->key_weight_rows < 0 || a->key_weight_rows > a->n_q)
+        return vq_fail(VQ_ERR_ARG, "key_weight_rows=%d is out of range [0, n_q=%d] (0 = all rows)", a->key_weight_rows,
+                       a->n_q);
+    if (c->cuda) {
+        if (a->key_weights)
+            return vq_fail(VQ_ERR_UNSUPPORTED, "vq_attend: key_weights are not available for CUDA caches");
+        return vq_cuda_attend(&c, 1, layer, a);
+    }
     int d = c->cfg.head_dim, H = c->cfg.n_heads_kv;
     job jb;
     memset(&jb, 0, sizeof jb);
@@ -361,6 +420,12 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
     jb.split_acc = c->spec.v.method->finish_rows != NULL;
     jb.acc_w = jb.split_acc && c->spec.v.method->acc_floats ? (int)c->spec.v.method->acc_floats(&c->spec.v) : d;
     jb.part_w = 2 + jb.acc_w + (jb.split_acc ? d : 0);
+    /* which query tokens' attention is observed: the caller's, else the
+     * policy's (0: none) */
+    int kw_q = a->key_weights ? (a->key_weight_rows ? a->key_weight_rows : a->n_q) : vq_cache_weight_rows(c, a->n_q);
+    jb.kw_first = (a->n_q - kw_q) * jb.g;
+    jb.kw_ld = (size_t)vq_cache_tokens(c, layer);
+    if (jb.kw_ld == 0) kw_q = 0;
     int max_blocks = 0;
     for (int h = 0; h < H; h++) {
         int nb = c->streams[(size_t)layer * H + h].n_blocks;
@@ -391,10 +456,19 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
     bool prep_all = prep && jb.split;
     size_t prep_floats = prep_all ? (size_t)H * jb.rows_total * jb.prep_w : 0;
     size_t qtmp_floats = prep_all ? (size_t)threads * jb.rows_total * d : 0;
-    vq_status st = ensure_scratch(c, jb.thread_floats * threads + partial_floats + prep_floats + qtmp_floats);
+    size_t kw_floats = kw_q ? (size_t)H * ((size_t)kw_q * jb.g * jb.kw_ld + (size_t)jb.rows_total * 2) : 0;
+    vq_status st = ensure_scratch(c, jb.thread_floats * threads + partial_floats + prep_floats + qtmp_floats + kw_floats);
     if (st) return st;
     jb.thread_mem = c->attend_scratch;
     jb.partials = c->attend_scratch + jb.thread_floats * threads;
+    if (kw_q) {
+        jb.kw_logits = jb.partials + partial_floats + prep_floats + qtmp_floats;
+        jb.kw_ml = jb.kw_logits + (size_t)H * kw_q * jb.g * jb.kw_ld;
+        /* slots no span reaches (all in the future) stay masked */
+        for (size_t i = 0; i < (size_t)H * kw_q * jb.g * jb.kw_ld; i++) jb.kw_logits[i] = -INFINITY;
+        jb.kw_out = a->key_weights ? a->key_weights : vq_cache_weight_scratch(c, (size_t)H * jb.kw_ld);
+        if (!jb.kw_out) return vq_fail(VQ_ERR_NOMEM, "out of memory for key weights of %zu slots", jb.kw_ld);
+    }
     if (prep_all) {
         jb.prep = jb.partials + partial_floats;
         prep_ctx pc = {.jb = &jb, .qtmp = jb.prep + prep_floats};
@@ -402,5 +476,9 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
     }
     vq_pool_run(a->pool, H * jb.tasks_per_head, task_fn, &jb);
     if (jb.split) vq_pool_run(a->pool, H, merge_fn, &jb);
+    if (kw_q) {
+        vq_pool_run(a->pool, H, weights_fn, &jb);
+        if (!a->key_weights) vq_cache_observe(c, layer, a->n_q, jb.kw_out, jb.kw_ld);
+    }
     return VQ_OK;
 }

@@ -1,8 +1,11 @@
 /* The compressed KV cache. Each (layer, kv head) is a stream: a list of
- * fixed-size blocks of packed codes (plus positions), then an fp16 window of
- * the newest tokens. Blocks come from a free list or a fresh aligned
- * allocation; the cache never reallocates token data. */
+ * blocks of packed codes (plus positions), then an fp16 window of the newest
+ * tokens. Blocks come from a free list or a fresh aligned allocation; the
+ * cache never reallocates token data. With an eviction policy, appends first
+ * evict down to the budget (cache/evict.c) and evicted slots are compacted
+ * in place (cache/compact.c), so heads may hold different counts. */
 #include "vq_internal.h"
+#include "evict/evict.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,10 +14,6 @@
 #define DEFAULT_BLOCK_TOKENS 64 /* small enough that a part-filled last block wastes little */
 
 static size_t round64(size_t x) { return (x + 63) & ~(size_t)63; }
-
-static vq_stream *stream_at(const vq_cache *c, int layer, int head) {
-    return &c->streams[(size_t)layer * c->cfg.n_heads_kv + head];
-}
 
 vq_status vq_cache_create(const vq_cache_config *cfg, vq_cache **out) {
     if (!out) return vq_fail(VQ_ERR_ARG, "vq_cache_create: out is NULL");
@@ -54,24 +53,60 @@ vq_status vq_cache_create(const vq_cache_config *cfg, vq_cache **out) {
     c->win_cap = c->residual + c->flush_tokens;
     int bt = cfg->block_tokens ? cfg->block_tokens : DEFAULT_BLOCK_TOKENS;
     if (!cfg->block_tokens && bt < c->flush_tokens) bt = c->flush_tokens;
+    if (spec.evict.policy && c->flush_tokens > 1) {
+        /* eviction keeps a key group in a block of its own (cache/compact.c) */
+        if (cfg->block_tokens && cfg->block_tokens != c->flush_tokens) {
+            int group = c->flush_tokens;
+            free(c);
+            return vq_fail(VQ_ERR_ARG, "block_tokens=%d: with eviction a block holds one key group (allowed 0 or %d)",
+                           cfg->block_tokens, group);
+        }
+        bt = c->flush_tokens;
+    }
     if (bt % c->flush_tokens) {
         int group = c->flush_tokens;
         free(c);
         return vq_fail(VQ_ERR_ARG, "block_tokens=%d must be a multiple of the spec's token group %d", bt, group);
     }
     c->block_tokens = bt;
-    c->k_bytes = round64(spec.k.method->block_bytes(&spec.k, bt));
-    c->v_bytes = round64(spec.v.method->block_bytes(&spec.v, bt));
-    c->block_bytes = round64(c->k_bytes + c->v_bytes + (size_t)bt * sizeof(int32_t));
+    c->n_classes = 1;
+    c->cls[0].cap = bt;
+    if (spec.evict.policy && c->flush_tokens > 1) {
+        /* one group per block, and smaller classes to move thinned-out
+         * groups into (cache/compact.c) */
+        for (int cap = 8; cap < bt && c->n_classes < VQ_MAX_CLASSES; cap += 8) c->cls[c->n_classes++].cap = cap;
+    }
+    for (int k = 0; k < c->n_classes; k++) {
+        vq_block_class *b = &c->cls[k];
+        b->k_bytes = round64(spec.k.method->block_bytes(&spec.k, b->cap));
+        b->v_bytes = round64(spec.v.method->block_bytes(&spec.v, b->cap));
+        b->bytes = round64(b->k_bytes + b->v_bytes + (size_t)b->cap * sizeof(int32_t));
+    }
+    c->k_bytes = c->cls[0].k_bytes;
+    c->v_bytes = c->cls[0].v_bytes;
+    c->block_bytes = c->cls[0].bytes;
 
     size_t n_streams = (size_t)cfg->n_layers * cfg->n_heads_kv;
     c->streams = calloc(n_streams, sizeof *c->streams);
     c->last_pos = malloc(sizeof *c->last_pos * (size_t)cfg->n_layers);
-    if (!c->streams || !c->last_pos) {
+    c->seen = calloc((size_t)cfg->n_layers, sizeof *c->seen);
+    if (!c->streams || !c->last_pos || !c->seen) {
         vq_cache_free(c);
         return vq_fail(VQ_ERR_NOMEM, "out of memory creating the cache (%zu streams)", n_streams);
     }
     for (int l = 0; l < cfg->n_layers; l++) c->last_pos[l] = -1;
+    if (spec.evict.policy) {
+        if (cfg->device == VQ_DEVICE_CUDA) {
+            vq_cache_free(c);
+            return vq_fail(VQ_ERR_UNSUPPORTED, "eviction ('+%s') is not available for CUDA caches yet",
+                           spec.evict.policy->name);
+        }
+        st = vq_evict_state_create(&spec.evict, cfg->n_layers, cfg->n_heads_kv, cfg->head_dim, &c->evict);
+        if (st) {
+            vq_cache_free(c);
+            return st;
+        }
+    }
     if (cfg->device == VQ_DEVICE_CUDA && (st = vq_cuda_cache_init(c)) != VQ_OK) {
         vq_cache_free(c);
         return st;
@@ -89,6 +124,9 @@ void vq_cache_free(vq_cache *c) {
             vq_stream *s = &c->streams[i];
             for (int b = 0; b < s->n_blocks; b++) vq_aligned_free(s->blocks[b]);
             free(s->blocks);
+            free(s->blk_n);
+            free(s->blk_class);
+            free(s->score);
             vq_aligned_free(s->win_k);
             vq_aligned_free(s->win_v);
             vq_aligned_free(s->win_pos);
@@ -98,15 +136,28 @@ void vq_cache_free(vq_cache *c) {
     free(c->free_blocks);
     free(c->streams);
     free(c->last_pos);
+    free(c->seen);
+    vq_evict_state_free(c->evict);
     vq_aligned_free(c->append_scratch);
     vq_aligned_free(c->attend_scratch);
     free(c);
 }
 
 static void give_block(vq_cache *c, uint8_t *b) {
-    /* The free list has room for every block ever allocated (grown in
-     * stream_reserve), so this cannot fail. */
+    /* The free list has room for every full-size block ever allocated
+     * (grown in vq_cache_append), so this cannot fail. */
     c->free_blocks[c->n_free++] = b;
+}
+
+uint8_t *vq_block_alloc(vq_cache *c, int cls) {
+    uint8_t *b = vq_aligned_alloc(c->cls[cls].bytes);
+    if (b) c->cls[cls].allocated++;
+    return b;
+}
+
+void vq_block_release(vq_cache *c, uint8_t *blk, int cls) {
+    vq_aligned_free(blk);
+    c->cls[cls].allocated--;
 }
 
 /* Makes sure the free list can hold every block the cache will own. */
@@ -121,19 +172,45 @@ static vq_status reserve_free_list(vq_cache *c, size_t total) {
     return VQ_OK;
 }
 
-/* Makes sure s can hold `tokens` tokens in blocks without growing its
- * pointer array during the append. */
-static vq_status stream_reserve(vq_cache *c, vq_stream *s, int64_t tokens) {
-    int64_t need = (tokens + c->block_tokens - 1) / c->block_tokens;
-    if (need > s->cap_blocks) {
-        int64_t cap = s->cap_blocks ? s->cap_blocks : 8;
-        while (cap < need) cap *= 2;
-        uint8_t **nb = realloc(s->blocks, sizeof *nb * (size_t)cap);
-        if (!nb) return vq_fail(VQ_ERR_NOMEM, "out of memory growing a block list to %lld blocks", (long long)cap);
-        s->blocks = nb;
-        s->cap_blocks = (int)cap;
-    }
+/* Makes sure s can hold `blocks` blocks without growing its arrays during
+ * the append. */
+static vq_status stream_reserve(vq_stream *s, int64_t blocks) {
+    if (blocks <= s->cap_blocks) return VQ_OK;
+    int64_t cap = s->cap_blocks ? s->cap_blocks : 8;
+    while (cap < blocks) cap *= 2;
+    uint8_t **nb = realloc(s->blocks, sizeof *nb * (size_t)cap);
+    if (nb) s->blocks = nb;
+    int32_t *nn = nb ? realloc(s->blk_n, sizeof *nn * (size_t)cap) : NULL;
+    if (nn) s->blk_n = nn;
+    uint8_t *nc = nn ? realloc(s->blk_class, (size_t)cap) : NULL;
+    if (nc) s->blk_class = nc;
+    if (!nc) return vq_fail(VQ_ERR_NOMEM, "out of memory growing a block list to %lld blocks", (long long)cap);
+    s->cap_blocks = (int)cap;
     return VQ_OK;
+}
+
+/* Makes sure s can score `slots` slots. */
+static vq_status score_reserve(vq_cache *c, vq_stream *s, int64_t slots) {
+    if (slots <= s->score_cap) return VQ_OK;
+    int64_t cap = s->score_cap ? s->score_cap : 64;
+    while (cap < slots) cap *= 2;
+    float *ns = realloc(s->score, sizeof *ns * (size_t)cap);
+    if (!ns) return vq_fail(VQ_ERR_NOMEM, "out of memory for the eviction scores of %lld slots", (long long)cap);
+    c->score_bytes += sizeof *ns * (size_t)(cap - s->score_cap);
+    s->score = ns;
+    s->score_cap = cap;
+    return VQ_OK;
+}
+
+/* Slots the stream's last block can still take from a flush: a full-size
+ * block filled up to a group boundary continues; anything else (a block
+ * thinned out by eviction in a key-grouped layout, a smaller class) does
+ * not. */
+static int last_block_room(const vq_cache *c, const vq_stream *s) {
+    if (!s->n_blocks) return 0;
+    int b = s->n_blocks - 1, n = s->blk_n[b];
+    if (s->blk_class[b] != 0 || n % c->flush_tokens) return 0;
+    return c->block_tokens - n;
 }
 
 static vq_status window_alloc(vq_cache *c, vq_stream *s) {
@@ -158,15 +235,21 @@ static vq_status window_alloc(vq_cache *c, vq_stream *s) {
  * has put enough blocks on the free list. */
 static void flush_window(vq_cache *c, vq_stream *s) {
     int F = c->flush_tokens, d = c->cfg.head_dim, bt = c->block_tokens;
-    int t0 = (int)(s->n_quant % bt);
-    if (t0 == 0) s->blocks[s->n_blocks++] = c->free_blocks[--c->n_free];
-    uint8_t *blk = s->blocks[s->n_blocks - 1];
+    if (last_block_room(c, s) < F) {
+        s->blocks[s->n_blocks] = c->free_blocks[--c->n_free];
+        s->blk_n[s->n_blocks] = 0;
+        s->blk_class[s->n_blocks] = 0;
+        s->n_blocks++;
+    }
+    int b = s->n_blocks - 1, t0 = s->blk_n[b];
+    uint8_t *blk = s->blocks[b];
     float *x = c->append_scratch; /* [F][d] */
     vq_f16_to_f32_array(s->win_k, x, (size_t)F * d);
     c->spec.k.method->encode(&c->spec.k, x, (size_t)d, F, blk, bt, t0);
     vq_f16_to_f32_array(s->win_v, x, (size_t)F * d);
     c->spec.v.method->encode(&c->spec.v, x, (size_t)d, F, blk + c->k_bytes, bt, t0);
-    memcpy(vq_block_pos(c, blk) + t0, s->win_pos, sizeof(int32_t) * (size_t)F);
+    memcpy(vq_blk_pos(c, s, b) + t0, s->win_pos, sizeof(int32_t) * (size_t)F);
+    s->blk_n[b] += F;
     s->n_quant += F;
     int rest = s->win_n - F;
     memmove(s->win_k, s->win_k + (size_t)F * d, sizeof(uint16_t) * (size_t)rest * d);
@@ -220,10 +303,6 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
     if (!k || !v) return vq_fail(VQ_ERR_ARG, "vq_cache_append: k or v is NULL");
     if (dtype != VQ_F32 && dtype != VQ_F16 && dtype != VQ_BF16)
         return vq_fail(VQ_ERR_ARG, "dtype %d is not one of VQ_F32, VQ_F16, VQ_BF16", (int)dtype);
-    int64_t held = vq_cache_tokens(c, layer);
-    if (c->cfg.capacity && held + n_tokens > c->cfg.capacity)
-        return vq_fail(VQ_ERR_ARG, "appending %d tokens to layer %d would hold %lld tokens, over the capacity %lld",
-                       n_tokens, layer, (long long)(held + n_tokens), (long long)c->cfg.capacity);
     int32_t last = c->last_pos[layer];
     if (positions) {
         for (int i = 0; i < n_tokens; i++) {
@@ -237,7 +316,7 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
     if (c->cuda) return vq_cuda_append(c, layer, n_tokens, k, v, dtype, positions);
     int H = c->cfg.n_heads_kv, d = c->cfg.head_dim;
     size_t es = vq_dtype_size(dtype), row = (size_t)d * es;
-    /* scratch: F rows for flushing, plus one row for bf16 conversion */
+    /* scratch: F rows for flushing, plus one row for conversions */
     size_t need = (size_t)(c->flush_tokens + 1) * d;
     if (c->append_scratch_floats < need) {
         float *ns = vq_aligned_alloc(need * sizeof(float));
@@ -247,67 +326,117 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
         c->append_scratch_floats = need;
     }
     float *tmp = c->append_scratch + (size_t)c->flush_tokens * d;
-    /* Check and reserve everything first: a failed append changes nothing. */
+    /* Check everything first: a rejected append changes nothing. */
     vq_status st = check_values(k, dtype, n_tokens, H, d, "key");
     if (!st) st = check_values(v, dtype, n_tokens, H, d, "value");
     if (st) return st;
+    /* With a policy, make room first: the budget holds during the
+     * attention that follows too. */
+    if (c->evict) {
+        st = vq_cache_evict_for(c, layer, n_tokens);
+        if (st) return st;
+    }
+    int64_t held = vq_cache_tokens(c, layer);
+    if (c->cfg.capacity && held + n_tokens > c->cfg.capacity)
+        return vq_fail(VQ_ERR_ARG, "appending %d tokens to layer %d would hold %lld tokens, over the capacity %lld",
+                       n_tokens, layer, (long long)(held + n_tokens), (long long)c->cfg.capacity);
     size_t new_blocks = 0;
     for (int h = 0; h < H; h++) {
-        vq_stream *s = stream_at(c, layer, h);
+        vq_stream *s = vq_stream_at(c, layer, h);
         /* the window flushes flush_tokens each time it reaches win_cap */
         int64_t w = (int64_t)s->win_n + n_tokens, flushes = 0;
         if (w >= c->win_cap) flushes = (w - c->win_cap) / c->flush_tokens + 1;
-        int64_t quant_after = s->n_quant + flushes * c->flush_tokens;
+        int64_t flushed = flushes * c->flush_tokens, room = last_block_room(c, s);
+        int64_t more = flushed > room ? (flushed - room + c->block_tokens - 1) / c->block_tokens : 0;
         st = window_alloc(c, s);
-        if (!st) st = stream_reserve(c, s, quant_after);
+        if (!st) st = stream_reserve(s, s->n_blocks + more);
+        if (!st && c->evict) st = score_reserve(c, s, s->n_quant + s->win_n + n_tokens);
         if (st) return st;
-        new_blocks += (size_t)((quant_after + c->block_tokens - 1) / c->block_tokens - s->n_blocks);
+        new_blocks += (size_t)more;
     }
     size_t missing = (size_t)c->n_free < new_blocks ? new_blocks - (size_t)c->n_free : 0;
-    st = reserve_free_list(c, c->blocks_allocated + missing);
+    st = reserve_free_list(c, c->cls[0].allocated + missing);
     if (st) return st;
     while ((size_t)c->n_free < new_blocks) {
-        uint8_t *b = vq_aligned_alloc(c->block_bytes);
+        uint8_t *b = vq_block_alloc(c, 0);
         if (!b) return vq_fail(VQ_ERR_NOMEM, "out of memory allocating a %zu-byte block", c->block_bytes);
-        c->blocks_allocated++;
         give_block(c, b);
     }
     for (int i = 0; i < n_tokens; i++) {
         int32_t pos = positions ? positions[i] : last + 1 + i;
         for (int h = 0; h < H; h++) {
-            vq_stream *s = stream_at(c, layer, h);
+            vq_stream *s = vq_stream_at(c, layer, h);
             size_t off = ((size_t)i * H + h) * row;
-            row_to_f16((const char *)k + off, dtype, d, s->win_k + (size_t)s->win_n * d, tmp);
+            uint16_t *kw = s->win_k + (size_t)s->win_n * d;
+            row_to_f16((const char *)k + off, dtype, d, kw, tmp);
             row_to_f16((const char *)v + off, dtype, d, s->win_v + (size_t)s->win_n * d, tmp);
+            if (c->evict) {
+                /* the policy scores the key as stored (rounded to fp16) */
+                vq_f16_to_f32_array(kw, tmp, (size_t)d);
+                c->evict->p.policy->init(&c->evict->p, c->evict, layer, h, tmp, (size_t)d, &pos, 1, d,
+                                         s->score + s->n_quant + s->win_n);
+            }
             s->win_pos[s->win_n++] = pos;
             if (s->win_n >= c->win_cap) flush_window(c, s);
         }
     }
     c->last_pos[layer] = positions ? positions[n_tokens - 1] : last + n_tokens;
+    c->seen[layer] += n_tokens;
+    size_t now = vq_cache_bytes(c);
+    if (now > c->peak_bytes) c->peak_bytes = now;
     return VQ_OK;
+}
+
+int64_t vq_cache_head_tokens(const vq_cache *c, int layer, int kv_head) {
+    if (!c || layer < 0 || layer >= c->cfg.n_layers || kv_head < 0 || kv_head >= c->cfg.n_heads_kv) return 0;
+    const vq_stream *s = vq_stream_at(c, layer, kv_head);
+    return s->n_quant + s->win_n;
 }
 
 int64_t vq_cache_tokens(const vq_cache *c, int layer) {
     if (!c || layer < 0 || layer >= c->cfg.n_layers) return 0;
-    const vq_stream *s = stream_at(c, layer, 0);
-    return s->n_quant + s->win_n;
+    int64_t mx = 0;
+    for (int h = 0; h < c->cfg.n_heads_kv; h++) {
+        int64_t n = vq_cache_head_tokens(c, layer, h);
+        mx = n > mx ? n : mx;
+    }
+    return mx;
+}
+
+int64_t vq_cache_tokens_seen(const vq_cache *c, int layer) {
+    if (!c || layer < 0 || layer >= c->cfg.n_layers) return 0;
+    return c->seen[layer];
 }
 
 size_t vq_cache_bytes(const vq_cache *c) {
     if (!c) return 0;
-    return c->blocks_allocated * c->block_bytes + c->window_bytes;
+    size_t b = c->window_bytes + c->score_bytes;
+    for (int k = 0; k < c->n_classes; k++) b += c->cls[k].allocated * c->cls[k].bytes;
+    return b;
+}
+
+size_t vq_cache_peak_bytes(const vq_cache *c) {
+    if (!c) return 0;
+    size_t now = vq_cache_bytes(c);
+    return now > c->peak_bytes ? now : c->peak_bytes;
 }
 
 size_t vq_cache_bytes_fp16_equiv(const vq_cache *c) {
     if (!c) return 0;
     size_t tokens = 0;
-    for (int l = 0; l < c->cfg.n_layers; l++) tokens += (size_t)vq_cache_tokens(c, l);
-    return tokens * (size_t)c->cfg.n_heads_kv * (size_t)c->cfg.head_dim * 2 * 2;
+    for (int l = 0; l < c->cfg.n_layers; l++)
+        for (int h = 0; h < c->cfg.n_heads_kv; h++) tokens += (size_t)vq_cache_head_tokens(c, l, h);
+    return tokens * (size_t)c->cfg.head_dim * 2 * 2;
 }
 
-/* Returns the blocks past `keep_blocks` of a stream to the free list. */
+/* Returns the blocks past `keep_blocks` of a stream: full-size ones to the
+ * free list, smaller classes to the system. */
 static void stream_drop_blocks(vq_cache *c, vq_stream *s, int keep_blocks) {
-    while (s->n_blocks > keep_blocks) give_block(c, s->blocks[--s->n_blocks]);
+    while (s->n_blocks > keep_blocks) {
+        s->n_blocks--;
+        if (s->blk_class[s->n_blocks] == 0) give_block(c, s->blocks[s->n_blocks]);
+        else vq_block_release(c, s->blocks[s->n_blocks], s->blk_class[s->n_blocks]);
+    }
 }
 
 void vq_cache_reset(vq_cache *c) {
@@ -319,14 +448,21 @@ void vq_cache_reset(vq_cache *c) {
         s->n_quant = 0;
         s->win_n = 0;
     }
-    for (int l = 0; l < c->cfg.n_layers; l++) c->last_pos[l] = -1;
+    for (int l = 0; l < c->cfg.n_layers; l++) {
+        c->last_pos[l] = -1;
+        c->seen[l] = 0;
+    }
+    c->peak_bytes = vq_cache_bytes(c);
 }
 
 vq_status vq_cache_truncate(vq_cache *c, int64_t n_tokens) {
     if (!c) return vq_fail(VQ_ERR_ARG, "vq_cache_truncate: cache is NULL");
+    if (c->evict)
+        return vq_fail(VQ_ERR_STATE, "vq_cache_truncate: the cache evicts tokens (%s); its slots are not a prefix of "
+                                     "the sequence, so only vq_cache_reset applies", c->spec_text);
     /* check every layer first, then cut */
     for (int l = 0; l < c->cfg.n_layers; l++) {
-        const vq_stream *s = stream_at(c, l, 0);
+        const vq_stream *s = vq_stream_at(c, l, 0);
         int64_t held = s->n_quant + s->win_n;
         if (n_tokens < 0 || n_tokens > held)
             return vq_fail(VQ_ERR_ARG, "truncate to %lld tokens: layer %d holds %lld (allowed 0..%lld)",
@@ -338,23 +474,26 @@ vq_status vq_cache_truncate(vq_cache *c, int64_t n_tokens) {
                            (long long)s->n_quant, (long long)held);
     }
     if (c->cuda) return vq_cuda_truncate(c, n_tokens);
+    int bt = c->block_tokens;
     for (int l = 0; l < c->cfg.n_layers; l++) {
         for (int h = 0; h < c->cfg.n_heads_kv; h++) {
-            vq_stream *s = stream_at(c, l, h);
+            vq_stream *s = vq_stream_at(c, l, h);
             if (n_tokens >= s->n_quant) {
                 s->win_n = (int)(n_tokens - s->n_quant);
             } else {
+                /* without eviction every block but the last is full */
                 s->win_n = 0;
                 s->n_quant = n_tokens;
-                stream_drop_blocks(c, s, (int)((n_tokens + c->block_tokens - 1) / c->block_tokens));
+                int keep = (int)((n_tokens + bt - 1) / bt);
+                stream_drop_blocks(c, s, keep);
+                if (keep) s->blk_n[keep - 1] = (int)(n_tokens - (int64_t)(keep - 1) * bt);
             }
         }
-        const vq_stream *s = stream_at(c, l, 0);
+        const vq_stream *s = vq_stream_at(c, l, 0);
         if (s->win_n) c->last_pos[l] = s->win_pos[s->win_n - 1];
-        else if (s->n_quant) {
-            int64_t t = s->n_quant - 1;
-            c->last_pos[l] = vq_block_pos(c, s->blocks[t / c->block_tokens])[t % c->block_tokens];
-        } else c->last_pos[l] = -1;
+        else if (s->n_blocks) c->last_pos[l] = vq_blk_pos(c, s, s->n_blocks - 1)[s->blk_n[s->n_blocks - 1] - 1];
+        else c->last_pos[l] = -1;
+        c->seen[l] = n_tokens;
     }
     return VQ_OK;
 }
@@ -379,17 +518,17 @@ vq_status vq_cache_decode(const vq_cache *c, int layer, int kv_head, float *k, f
         vq_cache_free(h);
         return st;
     }
-    const vq_stream *s = stream_at(c, layer, kv_head);
-    int d = c->cfg.head_dim, bt = c->block_tokens;
+    const vq_stream *s = vq_stream_at(c, layer, kv_head);
+    int d = c->cfg.head_dim;
+    int64_t t0 = 0;
     for (int b = 0; b < s->n_blocks; b++) {
-        int64_t t0 = (int64_t)b * bt;
-        int n = (int)(s->n_quant - t0 < bt ? s->n_quant - t0 : bt);
+        int n = s->blk_n[b], bt = vq_blk_cap(c, s, b);
         const uint8_t *blk = s->blocks[b];
         if (k) c->spec.k.method->decode(&c->spec.k, blk, bt, 0, n, k + t0 * d);
-        if (v) c->spec.v.method->decode(&c->spec.v, blk + c->k_bytes, bt, 0, n, v + t0 * d);
-        if (positions) memcpy(positions + t0, vq_block_pos(c, s->blocks[b]), sizeof(int32_t) * (size_t)n);
+        if (v) c->spec.v.method->decode(&c->spec.v, vq_blk_v(c, s, b), bt, 0, n, v + t0 * d);
+        if (positions) memcpy(positions + t0, vq_blk_pos(c, s, b), sizeof(int32_t) * (size_t)n);
+        t0 += n;
     }
-    int64_t t0 = s->n_quant;
     if (k) vq_f16_to_f32_array(s->win_k, k + t0 * d, (size_t)s->win_n * d);
     if (v) vq_f16_to_f32_array(s->win_v, v + t0 * d, (size_t)s->win_n * d);
     if (positions) memcpy(positions + t0, s->win_pos, sizeof(int32_t) * (size_t)s->win_n);

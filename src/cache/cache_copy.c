@@ -34,14 +34,18 @@ static vq_status copy_stream(const vq_cache *src, int layer, int head, vq_cache 
     int nb = (int)((s->n_quant + bt - 1) / bt);
     if (nb) {
         o->blocks = calloc((size_t)nb, sizeof *o->blocks);
-        if (!o->blocks) return vq_fail(VQ_ERR_NOMEM, "out of memory copying a cache (%d blocks)", nb);
+        o->blk_n = calloc((size_t)nb, sizeof *o->blk_n);
+        o->blk_class = calloc((size_t)nb, 1);
+        if (!o->blocks || !o->blk_n || !o->blk_class)
+            return vq_fail(VQ_ERR_NOMEM, "out of memory copying a cache (%d blocks)", nb);
         o->cap_blocks = nb;
     }
+    /* A CUDA cache has no eviction: every block but the last is full. */
     for (int b = 0; b < nb; b++) {
-        o->blocks[b] = vq_aligned_alloc(dst->block_bytes);
+        o->blocks[b] = vq_block_alloc(dst, 0);
         if (!o->blocks[b]) return vq_fail(VQ_ERR_NOMEM, "out of memory copying a %zu-byte block", dst->block_bytes);
         o->n_blocks = b + 1;
-        dst->blocks_allocated++;
+        o->blk_n[b] = (int32_t)(s->n_quant - (int64_t)b * bt < bt ? s->n_quant - (int64_t)b * bt : bt);
         vq_status st = copy_from(src, o->blocks[b], view.blocks[b], dst->block_bytes);
         if (st) return st;
     }
@@ -65,6 +69,9 @@ vq_status vq_cache_to_host(const vq_cache *c, vq_cache **out) {
     if (!out) return vq_fail(VQ_ERR_ARG, "vq_cache_to_host: out is NULL");
     *out = NULL;
     if (!c) return vq_fail(VQ_ERR_ARG, "vq_cache_to_host: cache is NULL");
+    if (c->evict)
+        return vq_fail(VQ_ERR_UNSUPPORTED, "vq_cache_to_host: a cache with eviction ('%s') cannot be copied",
+                       c->spec_text);
     vq_cache_config cfg = c->cfg;
     cfg.kv_spec = c->spec_text;
     cfg.device = VQ_DEVICE_CPU;
@@ -80,16 +87,17 @@ vq_status vq_cache_to_host(const vq_cache *c, vq_cache **out) {
     for (size_t i = 0; i < n_streams && !st; i++)
         st = copy_stream(c, (int)(i / cfg.n_heads_kv), (int)(i % cfg.n_heads_kv), h);
     /* the free list must be able to take back every block (cache.c) */
-    if (!st && h->blocks_allocated) {
-        h->free_blocks = malloc(sizeof *h->free_blocks * h->blocks_allocated);
+    if (!st && h->cls[0].allocated) {
+        h->free_blocks = malloc(sizeof *h->free_blocks * h->cls[0].allocated);
         if (!h->free_blocks) st = vq_fail(VQ_ERR_NOMEM, "out of memory copying a cache's free list");
-        else h->cap_free = (int)h->blocks_allocated;
+        else h->cap_free = (int)h->cls[0].allocated;
     }
     if (st) {
         vq_cache_free(h);
         return st;
     }
     memcpy(h->last_pos, c->last_pos, sizeof *h->last_pos * (size_t)cfg.n_layers);
+    memcpy(h->seen, c->seen, sizeof *h->seen * (size_t)cfg.n_layers);
     *out = h;
     return VQ_OK;
 }

@@ -39,6 +39,11 @@ static size_t fp16_block_bytes(const vq_mparams *p, int block_tokens) {
     return (size_t)block_tokens * (size_t)p->head_dim * 2;
 }
 
+static int fp16_layout(const vq_mparams *p, size_t *row_bytes) {
+    row_bytes[0] = (size_t)p->head_dim * 2;
+    return 1;
+}
+
 static double fp16_bits(const vq_mparams *p) {
     (void)p;
     return 16.0;
@@ -126,6 +131,7 @@ const vq_method vq_method_fp16 = {
     .describe = fp16_describe,
     .token_group = fp16_token_group,
     .block_bytes = fp16_block_bytes,
+    .token_layout = fp16_layout,
     .bits_per_elem = fp16_bits,
     .encode = fp16_encode,
     .decode = fp16_decode,

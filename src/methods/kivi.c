@@ -86,7 +86,15 @@ static int value_groups(const vq_mparams *p) { return (p->head_dim + p->group - 
 static size_t kivi_block_bytes(const vq_mparams *p, int bt) {
     size_t codes = (size_t)bt * vq_packed_bytes(p->bits, p->head_dim);
     if (p->is_value) return codes + (size_t)bt * (size_t)value_groups(p) * 4;
-    return codes + (size_t)(bt / p->group) * (size_t)p->head_dim * 4;
+    /* a block smaller than a group (eviction's size classes) holds part of one */
+    return codes + (size_t)((bt + p->group - 1) / p->group) * (size_t)p->head_dim * 4;
+}
+
+static int kivi_layout(const vq_mparams *p, size_t *row_bytes) {
+    row_bytes[0] = vq_packed_bytes(p->bits, p->head_dim);
+    if (!p->is_value) return 1; /* the per-group scales and zeros follow */
+    row_bytes[1] = (size_t)value_groups(p) * 4;
+    return 2;
 }
 
 static double kivi_bits(const vq_mparams *p) {
@@ -276,6 +284,7 @@ const vq_method vq_method_kivi = {
     .describe = kivi_describe,
     .token_group = kivi_token_group,
     .block_bytes = kivi_block_bytes,
+    .token_layout = kivi_layout,
     .bits_per_elem = kivi_bits,
     .encode = kivi_encode,
     .decode = kivi_decode,

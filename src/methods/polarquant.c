@@ -118,6 +118,12 @@ static int block_bits(const vq_mparams *p) {
 static int n_blocks(const vq_mparams *p) { return p->head_dim >> p->levels; }
 static size_t code_bytes(const vq_mparams *p) { return ((size_t)block_bits(p) * n_blocks(p) + 7) / 8; }
 
+static int polar_layout(const vq_mparams *p, size_t *row_bytes) {
+    row_bytes[0] = 2 * (size_t)n_blocks(p); /* radii */
+    row_bytes[1] = code_bytes(p);
+    return 2;
+}
+
 static size_t polar_block_bytes(const vq_mparams *p, int bt) {
     return (size_t)bt * (code_bytes(p) + 2 * (size_t)n_blocks(p));
 }
@@ -343,6 +349,7 @@ const vq_method vq_method_polar = {
     .describe = polar_describe,
     .token_group = polar_token_group,
     .block_bytes = polar_block_bytes,
+    .token_layout = polar_layout,
     .bits_per_elem = polar_bits,
     .encode = polar_encode,
     .decode = polar_decode,

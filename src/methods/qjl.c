@@ -69,6 +69,13 @@ static int qjl_token_group(const vq_mparams *p) {
 
 static size_t sign_bytes(const vq_mparams *p) { return (size_t)p->sketch / 8; }
 
+static int qjl_layout(const vq_mparams *p, size_t *row_bytes) {
+    row_bytes[0] = sign_bytes(p);
+    row_bytes[1] = 2;                        /* norm */
+    row_bytes[2] = 4 * (size_t)p->outliers; /* (channel, value) pairs */
+    return 3;
+}
+
 static size_t qjl_block_bytes(const vq_mparams *p, int bt) {
     return (size_t)bt * (sign_bytes(p) + 2 + 4 * (size_t)p->outliers);
 }
@@ -171,6 +178,7 @@ const vq_method vq_method_qjl = {
     .describe = qjl_describe,
     .token_group = qjl_token_group,
     .block_bytes = qjl_block_bytes,
+    .token_layout = qjl_layout,
     .bits_per_elem = qjl_bits,
     .encode = qjl_encode,
     .decode = qjl_decode,

@@ -1,8 +1,9 @@
 /* The method registry and the KV spec parser:
  *   METHOD[:key=value,...]            same method for keys and values
  *   k=METHOD[:...];v=METHOD[:...]     keys and values apart
- *   ...+POLICY[:...]                  eviction (none in this build) */
+ *   ...+POLICY[:key=value,...]        eviction (src/evict/spec.c) */
 #include "vq_internal.h"
+#include "evict/evict.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -51,13 +52,13 @@ static vq_status parse_one(const char *s, size_t len, int head_dim, bool is_valu
     return m->finish(p);
 }
 
-vq_status vq_spec_parse(const char *spec, int head_dim, vq_spec *out) {
-    memset(out, 0, sizeof *out);
-    if (!spec || !*spec) spec = "fp16";
-    const char *plus = strchr(spec, '+');
-    if (plus)
-        return vq_fail(VQ_ERR_UNSUPPORTED, "eviction policy '%s' is not available in this build (no eviction policies yet)", plus + 1);
-    size_t len = strlen(spec);
+/* The quantization part of a spec (len bytes; no policy). */
+static vq_status parse_quant(const char *spec, size_t len, int head_dim, vq_spec *out) {
+    char whole[1024];
+    if (len >= sizeof whole) return vq_fail(VQ_ERR_ARG, "KV spec is too long (%zu bytes, max %zu)", len, sizeof whole - 1);
+    memcpy(whole, spec, len);
+    whole[len] = 0;
+    spec = whole;
     if (strncmp(spec, "k=", 2) == 0 || strncmp(spec, "v=", 2) == 0 || strchr(spec, ';')) {
         const char *semi = strchr(spec, ';');
         if (!semi) return vq_fail(VQ_ERR_ARG, "KV spec '%s' names one of keys/values only: use 'k=METHOD;v=METHOD'", spec);
@@ -79,9 +80,23 @@ vq_status vq_spec_parse(const char *spec, int head_dim, vq_spec *out) {
     return parse_one(spec, len, head_dim, true, &out->v);
 }
 
+vq_status vq_spec_parse(const char *spec, int head_dim, vq_spec *out) {
+    memset(out, 0, sizeof *out);
+    if (!spec || !*spec) spec = "fp16";
+    /* the policy follows the first '+' (quantization specs have none) */
+    const char *plus = strchr(spec, '+');
+    size_t qlen = plus ? (size_t)(plus - spec) : strlen(spec);
+    if (qlen == 0) return vq_fail(VQ_ERR_ARG, "KV spec '%s' has no quantization before '+' (e.g. 'fp16+%s')", spec, plus + 1);
+    vq_status st = parse_quant(spec, qlen, head_dim, out);
+    if (!st && plus) st = vq_evict_parse(plus + 1, strlen(plus + 1), &out->evict);
+    return st;
+}
+
 void vq_spec_describe(const vq_spec *s, char *buf, size_t size) {
     char a[200], b[200];
     s->k.method->describe(&s->k, a, sizeof a);
     s->v.method->describe(&s->v, b, sizeof b);
-    snprintf(buf, size, "k=%s;v=%s", a, b);
+    char e[400];
+    vq_evict_describe(&s->evict, e, sizeof e);
+    snprintf(buf, size, "k=%s;v=%s%s", a, b, e);
 }

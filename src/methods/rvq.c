@@ -58,6 +58,12 @@ static int rvq_token_group(const vq_mparams *p) {
 }
 
 static size_t code_bytes(const vq_mparams *p) { return vq_packed_bytes(2 * p->bits, p->head_dim); }
+static int rvq_layout(const vq_mparams *p, size_t *row_bytes) {
+    row_bytes[0] = code_bytes(p);
+    row_bytes[1] = 2;
+    return 2;
+}
+
 static size_t rvq_block_bytes(const vq_mparams *p, int bt) { return (size_t)bt * (code_bytes(p) + 2); }
 static double rvq_bits(const vq_mparams *p) { return 2.0 * p->bits + 16.0 / p->head_dim; }
 
@@ -150,6 +156,7 @@ const vq_method vq_method_rvq = {
     .describe = rvq_describe,
     .token_group = rvq_token_group,
     .block_bytes = rvq_block_bytes,
+    .token_layout = rvq_layout,
     .bits_per_elem = rvq_bits,
     .encode = rvq_encode,
     .decode = rvq_decode,

@@ -83,6 +83,12 @@ static size_t code_bytes(const vq_mparams *p) {
     return hi_bytes(p) + vq_packed_bytes(p->bits, p->head_dim - p->hi_channels);
 }
 
+static int mse_layout(const vq_mparams *p, size_t *row_bytes) {
+    row_bytes[0] = code_bytes(p);
+    row_bytes[1] = 2;
+    return 2;
+}
+
 static size_t mse_block_bytes(const vq_mparams *p, int bt) { return (size_t)bt * (code_bytes(p) + 2); }
 
 static double mse_bits(const vq_mparams *p) { return p->rate + 16.0 / p->head_dim; }
@@ -181,6 +187,7 @@ const vq_method vq_method_tq_mse = {
     .describe = mse_describe,
     .token_group = mse_token_group,
     .block_bytes = mse_block_bytes,
+    .token_layout = mse_layout,
     .bits_per_elem = mse_bits,
     .encode = mse_encode,
     .decode = mse_decode,

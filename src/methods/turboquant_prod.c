@@ -63,6 +63,13 @@ static int prod_token_group(const vq_mparams *p) {
 static size_t mse_bytes(const vq_mparams *p) { return vq_packed_bytes(p->bits - 1, p->head_dim); }
 static size_t token_bytes(const vq_mparams *p) { return mse_bytes(p) + (size_t)p->head_dim / 8; }
 
+static int prod_layout(const vq_mparams *p, size_t *row_bytes) {
+    row_bytes[0] = token_bytes(p);
+    row_bytes[1] = 2; /* norm */
+    row_bytes[2] = 2; /* gamma */
+    return 3;
+}
+
 static size_t prod_block_bytes(const vq_mparams *p, int bt) { return (size_t)bt * (token_bytes(p) + 4); }
 
 static double prod_bits(const vq_mparams *p) { return p->bits + 32.0 / p->head_dim; }
@@ -196,6 +203,7 @@ const vq_method vq_method_tq_prod = {
     .describe = prod_describe,
     .token_group = prod_token_group,
     .block_bytes = prod_block_bytes,
+    .token_layout = prod_layout,
     .bits_per_elem = prod_bits,
     .encode = prod_encode,
     .decode = prod_decode,

@@ -47,6 +47,8 @@ struct vq_model {
     int chunk_cap;
     float *x, *xb, *xb2, *q, *k, *v, *att, *h1, *h2;
     int32_t *pos;
+    vq_model_qk_hook qk_hook; /* NULL unless a tool watches the queries and keys */
+    void *qk_user;
 };
 
 static vq_dtype dtype_of(vq_st_dtype t) {
@@ -246,6 +248,11 @@ vq_status vq_model_load(const char *dir, vq_model **out) {
 
 const vq_model_info *vq_model_get_info(const vq_model *m) { return m ? &m->info : NULL; }
 
+void vq_model_set_qk_hook(vq_model *m, vq_model_qk_hook hook, void *user) {
+    m->qk_hook = hook;
+    m->qk_user = user;
+}
+
 vq_status vq_model_cache_create(const vq_model *m, const char *kv_spec, int64_t capacity, vq_cache **out) {
     if (!m) return vq_fail(VQ_ERR_ARG, "vq_model_cache_create: model is NULL");
     vq_cache_config cfg = {.n_layers = m->cfg.n_layers, .n_heads_q = m->cfg.n_heads, .n_heads_kv = m->cfg.n_kv_heads,
@@ -308,6 +315,7 @@ static vq_status forward_chunk(vq_model *m, vq_cache *cache, const int32_t *toke
             rope(qj, c->n_heads, D, c->rotary_dim, m->rope_inv_freq, m->pos[j]);
             rope(kj, c->n_kv_heads, D, c->rotary_dim, m->rope_inv_freq, m->pos[j]);
         }
+        if (m->qk_hook) m->qk_hook(m->qk_user, l, n, m->pos, m->q, m->k);
         vq_status st = vq_cache_append(cache, l, n, m->k, m->v, VQ_F32, m->pos);
         if (st) return st;
         vq_attend_args a = {.n_q = n, .q = m->q, .q_pos = m->pos, .out = m->att, .out_dtype = VQ_F32, .pool = pool};
@@ -352,13 +360,21 @@ vq_status vq_model_forward(vq_model *m, vq_cache *cache, const int32_t *tokens, 
     if ((int64_t)pos0 + n > c->max_position_embeddings)
         return vq_fail(VQ_ERR_ARG, "positions up to %lld pass the model's context length %d",
                        (long long)pos0 + n - 1, c->max_position_embeddings);
-    for (int j0 = 0; j0 < n; j0 += chunk) {
+    for (int j0 = 0; j0 < n;) {
         int nc = n - j0 < chunk ? n - j0 : chunk;
+        /* With eviction a chunk must fit the budget; half of what fits leaves
+         * the chunk's queries the older half of the budget to look at. */
+        int64_t fit = vq_cache_append_limit(cache);
+        if (fit < INT32_MAX) {
+            int64_t half = fit / 2 > 0 ? fit / 2 : 1;
+            if (nc > half) nc = (int)half;
+        }
         float *lg = NULL;
         if (logits && all_logits) lg = logits + (size_t)j0 * c->vocab_size;
         else if (logits && j0 + nc == n) lg = logits;
         vq_status st = forward_chunk(m, cache, tokens + j0, nc, pos0 + j0, lg, all_logits, pool);
         if (st) return st;
+        j0 += nc;
     }
     return VQ_OK;
 }

@@ -110,6 +110,16 @@ vq_status vq_config_load(const char *path, vq_model_config *out);
  * a missing file is fine. */
 vq_status vq_config_merge_generation(const char *path, vq_model_config *c);
 
+/* ------------------------------------------------------------- hooks */
+
+/* Sees every layer's queries and keys of each forward chunk right after RoPE
+ * (what attention and the cache see): n rows of n_heads * head_dim (q) and
+ * n_kv_heads * head_dim (k) floats, and the n absolute positions. For
+ * calibration and analysis tools (Q-Filters); the pointers are valid only
+ * during the call. */
+typedef void (*vq_model_qk_hook)(void *user, int layer, int n, const int32_t *pos, const float *q, const float *k);
+void vq_model_set_qk_hook(vq_model *m, vq_model_qk_hook hook, void *user); /* hook NULL: off */
+
 /* ------------------------------------------------------------- helpers */
 
 /* Reads a whole (small) file into a NUL-terminated malloc'd buffer. */

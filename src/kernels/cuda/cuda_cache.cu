@@ -187,7 +187,7 @@ static vq_status assign_blocks(vq_cache *c, size_t s, int need) {
                 return vq_fail(VQ_ERR_NOMEM, "out of GPU memory allocating %zu blocks of %zu bytes (%s)", want,
                                c->block_bytes, cudaGetErrorString(e));
             g->chunks[g->n_chunks++] = nc;
-            c->blocks_allocated += want;
+            c->cls[0].allocated += want;
             ch = &g->chunks[g->n_chunks - 1];
         }
         row[b] = ch->base + ch->used++ * c->block_bytes;
@@ -260,6 +260,7 @@ extern "C" vq_status vq_cuda_append(vq_cache *c, int layer, int n_tokens, const 
         s->win_n = (int)(w - flushes * F);
     }
     c->last_pos[layer] = positions ? positions[n_tokens - 1] : c->last_pos[layer] + n_tokens;
+    c->seen[layer] += n_tokens;
     return VQ_OK;
 }
 
