@@ -114,8 +114,11 @@ static size_t compare_bytes(pair *p, const char *what) {
     return diff;
 }
 
-/* GPU attention over caches[0..n) vs the CPU attention on host copies. */
-static double attend_err(vq_cache **gpu, int n, int layer, int n_q, int causal, vq_dtype out_dt, vq_rng *r) {
+/* GPU attention over caches[0..n) vs the CPU attention on host copies.
+ * Causal rows sit `back` positions before the last token and step back 3
+ * positions per row. */
+static double attend_err(vq_cache **gpu, int n, int layer, int n_q, int causal, int back, vq_dtype out_dt,
+                         vq_rng *r) {
     const vq_cache_config *cfg = &gpu[0]->cfg;
     size_t rows = (size_t)n * n_q * cfg->n_heads_q * cfg->head_dim;
     float *q = malloc(rows * 4);
@@ -124,7 +127,7 @@ static double attend_err(vq_cache **gpu, int n, int layer, int n_q, int causal, 
     for (int i = 0; i < n; i++) {
         int32_t last = vq_cache_last_pos(gpu[i], layer);
         /* causal rows see a prefix: the last n_q positions step back */
-        for (int j = 0; j < n_q; j++) qpos[i * n_q + j] = last - 3 * (n_q - 1 - j);
+        for (int j = 0; j < n_q; j++) qpos[i * n_q + j] = last - back - 3 * (n_q - 1 - j);
     }
     size_t es = vq_dtype_size(out_dt);
     void *qd = to_device(q, rows * 4), *od = NULL;
@@ -186,35 +189,40 @@ static void run_case(const case_t *t, vq_rng *r) {
     if (t->exact) CHECK(diff == 0, "%s: %zu of %zu block bytes differ from the CPU encoder", t->spec, diff, total);
     else CHECK(diff * 1000 <= total, "%s: %zu of %zu block bytes differ from the CPU encoder", t->spec, diff, total);
     if (diff) printf("%s: %zu of %zu block bytes differ from the CPU encoder\n", t->spec, diff, total);
-    double e1 = attend_err(&p.gpu, 1, 1, 1, 0, VQ_F32, r);
+    double e1 = attend_err(&p.gpu, 1, 1, 1, 0, 0, VQ_F32, r);
     /* 70 causal rows: more q positions than the launch arguments hold */
-    double e2 = attend_err(&p.gpu, 1, 1, 70, 1, VQ_F32, r);
-    double e3 = attend_err(&p.gpu, 1, 1, 1, 1, VQ_F16, r);
-    CHECK(e1 < 1e-3 && e2 < 1e-3 && e3 < 2e-3, "%s: relative error decode %.2e, prefill %.2e, fp16 out %.2e",
-          t->spec, e1, e2, e3);
-    printf("%-40s hq %2d hkv %d d %3d n %4d: decode %.1e prefill %.1e f16 %.1e\n", t->spec, t->hq, t->hkv, t->d,
-           t->n, e1, e2, e3);
+    double e2 = attend_err(&p.gpu, 1, 1, 70, 1, 0, VQ_F32, r);
+    double e3 = attend_err(&p.gpu, 1, 1, 1, 1, 0, VQ_F16, r);
+    /* one decode row that sees neither the window nor the last block
+     * (positions step by 2): masking in the decode kernels */
+    double e4 = attend_err(&p.gpu, 1, 1, 1, 1, 2 * (p.cpu->win_cap + p.cpu->block_tokens), VQ_F32, r);
+    CHECK(e1 < 1e-3 && e2 < 1e-3 && e3 < 2e-3 && e4 < 1e-3,
+          "%s: relative error decode %.2e, prefill %.2e, fp16 out %.2e, masked decode %.2e", t->spec, e1, e2, e3, e4);
+    printf("%-40s hq %2d hkv %d d %3d n %4d: decode %.1e prefill %.1e f16 %.1e masked %.1e\n", t->spec, t->hq,
+           t->hkv, t->d, t->n, e1, e2, e3, e4);
     /* layer 0 stays empty: every row sees nothing and gets zeros */
-    double e0 = attend_err(&p.gpu, 1, 0, 1, 0, VQ_F32, r);
+    double e0 = attend_err(&p.gpu, 1, 0, 1, 0, 0, VQ_F32, r);
     CHECK(e0 == 0, "%s: empty layer: error %.2e", t->spec, e0);
     free_pair(&p);
 }
 
-static void test_batch(vq_rng *r) {
+/* Sequences of different lengths in one launch: partitions past the end
+ * of the shorter ones. */
+static void test_batch(const char *spec, vq_rng *r) {
     vq_cache *g[3];
     pair p[3];
     int lens[3] = {1000, 37, 2500};
     for (int i = 0; i < 3; i++) {
-        p[i] = make_pair("kivi:bits=2", 32, 8, 128, 4096, 1);
+        p[i] = make_pair(spec, 32, 8, 128, 4096, 1);
         if (!p[i].gpu) return;
         append_both(&p[i], 0, lens[i], 2, VQ_BF16, r, 0);
         g[i] = p[i].gpu;
     }
-    double e = attend_err(g, 3, 0, 1, 0, VQ_F32, r);
-    CHECK(e < 1e-3, "batch of 3: relative error %.2e", e);
-    double e2 = attend_err(g, 3, 0, 3, 1, VQ_F32, r);
-    CHECK(e2 < 1e-3, "batch of 3, 3 causal rows: relative error %.2e", e2);
-    printf("batch of 3 (lengths 1000, 37, 2500): decode %.1e, 3 causal rows %.1e\n", e, e2);
+    double e = attend_err(g, 3, 0, 1, 0, 0, VQ_F32, r);
+    CHECK(e < 1e-3, "%s: batch of 3: relative error %.2e", spec, e);
+    double e2 = attend_err(g, 3, 0, 3, 1, 0, VQ_F32, r);
+    CHECK(e2 < 1e-3, "%s: batch of 3, 3 causal rows: relative error %.2e", spec, e2);
+    printf("%s: batch of 3 (lengths 1000, 37, 2500): decode %.1e, 3 causal rows %.1e\n", spec, e, e2);
     for (int i = 0; i < 3; i++) free_pair(&p[i]);
 }
 
@@ -265,6 +273,12 @@ int main(int argc, char **argv) {
     const case_t cases[] = {
         {"fp16", 32, 8, 128, 700, 3, VQ_F32, 1},
         {"fp16", 8, 8, 64, 300, 1, VQ_F16, 1},
+        /* the fp16-row decode kernel's shapes: 8 q heads per kv head at
+         * head dims 128 and 64, 3 (padded to 4) at 256 */
+        {"fp16", 64, 8, 128, 1000, 2, VQ_BF16, 1},
+        {"fp16", 16, 2, 64, 333, 2, VQ_F32, 1},
+        {"fp16", 24, 8, 256, 500, 1, VQ_F32, 1},
+        {"kivi:bits=2", 24, 8, 128, 700, 2, VQ_F32, 1},
         {"kivi:bits=2,group=32", 32, 8, 128, 1500, 4, VQ_F32, 1},
         {"kivi:bits=2,group=128", 16, 4, 128, 1100, 2, VQ_BF16, 1},
         {"kivi:bits=4,group=32", 8, 8, 128, 900, 3, VQ_F16, 1},
@@ -275,6 +289,9 @@ int main(int argc, char **argv) {
         {"kivi:bits=2", 32, 8, 128, 90, 1, VQ_F32, 1}, /* the window alone */
         {"k=kivi:bits=4;v=kivi:bits=2", 32, 8, 128, 1000, 2, VQ_F32, 1},
         {"tq-mse:bits=4", 32, 8, 128, 800, 2, VQ_F32, 0},
+        /* the 4-bit tq-mse decode kernel at its other head dims and group sizes */
+        {"tq-mse:bits=4", 8, 8, 64, 500, 2, VQ_F32, 0},
+        {"tq-mse:bits=4", 64, 8, 256, 400, 1, VQ_BF16, 0},
         {"tq-mse:bits=2", 8, 8, 128, 600, 1, VQ_BF16, 0},
         {"tq-mse:bits=3,residual=64", 16, 4, 128, 700, 3, VQ_F32, 0},
         {"k=tq-mse:bits=4;v=kivi:bits=2", 32, 8, 128, 700, 2, VQ_F32, 0},
@@ -289,7 +306,9 @@ int main(int argc, char **argv) {
         return check_done();
     }
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i], &r);
-    test_batch(&r);
+    test_batch("kivi:bits=2", &r);
+    test_batch("fp16", &r);
+    test_batch("tq-mse:bits=4", &r);
     test_errors(&r);
     return check_done();
 }

@@ -6,16 +6,16 @@
  * head's GQA group times the query tokens, so every K/V byte read serves all
  * of them. Per tile of tokens: scores (one thread per token), causal mask,
  * fp32 online softmax (one warp per row), then the values (one thread per
- * channel). The last partition also takes the fp16 window. Each block
- * writes (max, sum, acc) per row. This kernel serves every method and
- * shape; KIVI 2/4-bit decode goes to the tensor-core kernel
- * (attend_kivi.cu) instead, and this one then takes only the window, in
- * WIN_TILE-token thread blocks.
+ * channel). The last partition also takes the fp16 window, except in
+ * decode, where the window goes to the row kernel (attend_decode.cu).
+ * Each block writes (max, sum, acc) per row. This kernel serves every
+ * method and shape; decode over fp16, tq-mse 4-bit and KIVI 2/4-bit blocks
+ * goes to kernels of their own (attend_decode.cu, attend_kivi.cu).
  *
- * reduce_kernel: one thread block per output row merges the partitions in
- * order, applies tq-mse's inverse rotation to the block part (values
- * accumulate in the rotated domain), adds the window part and writes fp32
- * or fp16. */
+ * reduce_kernel: one thread block per output row merges the partitions
+ * (each warp a quarter of them, in a fixed order), applies tq-mse's inverse
+ * rotation to the block part (values accumulate in the rotated domain),
+ * adds the window part and writes fp32 or fp16. */
 #include "codes.cuh"
 
 #include <math.h>
@@ -26,10 +26,34 @@
 #define TILE 128      /* tokens per tile: one per thread in the score step */
 #define RMAX VQ_CU_RMAX
 #define CPT (VQ_CU_MAX_DIM / THREADS) /* channels per thread in the value step */
-/* Thread blocks to aim for per SM when choosing the partition count. */
+/* Thread blocks to aim for per SM when choosing the partition count of
+ * the generic kernel. */
 #define BLOCKS_PER_SM 4
-/* Window tokens per thread block when the window has its own launch. */
-#define WIN_TILE 32
+/* Thread blocks of the decode kernels (attend_decode.cu, attend_kivi.cu)
+ * resident per SM: about 168 registers x 128 threads each. */
+#define DECODE_BLOCKS_PER_SM 3
+/* Blocks per warp below which more decode partitions stop paying: each
+ * warp's setup (q, key scales), its first block's latency (the cp.async
+ * pipeline is one block deep) and its partial are fixed costs. */
+#define DECODE_MIN_WARP_BLOCKS 4
+
+/* Partitions per (kv head, sequence) for the decode kernels, whose warps
+ * take whole blocks: whole waves of thread blocks (a part-filled last wave
+ * leaves SMs idle at the end; three waves even out the blocks' speeds) as
+ * long as every warp keeps DECODE_MIN_WARP_BLOCKS blocks, else one wave,
+ * each warp at least one block. On the H200 (KIVI 2-bit): 8 x 131072 at
+ * 1.45 waves took 721 us, at 2.75 waves 661 us; 1 x 32768 at 1.3 waves
+ * (2 blocks per warp) 46 us, at 0.65 waves (4 per warp) 42 us. */
+static int decode_parts(int n_sms, long long pairs, int max_blocks, int warps) {
+    const long long slots = (long long)n_sms * DECODE_BLOCKS_PER_SM;
+    for (int waves = 3; waves > 1; waves--) {
+        long long parts = slots * waves / pairs;
+        if (parts >= 1 && max_blocks >= parts * warps * DECODE_MIN_WARP_BLOCKS) return (int)parts;
+    }
+    long long parts = slots / pairs, most = max_blocks / warps;
+    parts = parts < most ? parts : most;
+    return parts > 1 ? (int)parts : 1;
+}
 
 typedef vq_cu_attn params;
 
@@ -132,7 +156,7 @@ __device__ void run_tile(const params &P, attn_smem &sm, int R, const vq_cu_meth
 
 __global__ void __launch_bounds__(THREADS) attend_kernel(const __grid_constant__ params P) {
     __shared__ attn_smem sm;
-    const int part = blockIdx.x + P.part_base, h = blockIdx.y / P.row_chunks, rc = blockIdx.y % P.row_chunks, seq = blockIdx.z;
+    const int part = blockIdx.x, h = blockIdx.y / P.row_chunks, rc = blockIdx.y % P.row_chunks, seq = blockIdx.z;
     const int tid = threadIdx.x, d = P.d, r0 = rc * RMAX;
     const int R = P.rows - r0 < RMAX ? P.rows - r0 : RMAX;
     const vq_cu_seq S = vq_cu_seq_at(P, seq);
@@ -174,7 +198,7 @@ __global__ void __launch_bounds__(THREADS) attend_kernel(const __grid_constant__
         for (int r = 0; r < RMAX; r++) acc[i][r] = accw[i][r] = 0;
     const int n_blocks = (S.n_quant + P.bt - 1) / P.bt;
     const int b0 = part * P.part_blocks;
-    const int b1 = P.window_only ? b0 : b0 + P.part_blocks < n_blocks ? b0 + P.part_blocks : n_blocks;
+    const int b1 = b0 + P.part_blocks < n_blocks ? b0 + P.part_blocks : n_blocks;
     const bool rot = P.mk.kind == VQ_CU_TQ_MSE;
     for (int b = b0; b < b1; b++) {
         const uint8_t *blk = S.table[(size_t)h * P.max_blocks + b];
@@ -184,14 +208,9 @@ __global__ void __launch_bounds__(THREADS) attend_kernel(const __grid_constant__
             run_tile(P, sm, R, P.mk, P.mv, blk, blk + P.k_bytes, P.bt, kpos, t0, n - t0 < TILE ? n - t0 : TILE, acc,
                      accw, false, rot);
     }
-    /* the window: all of it in the last partition, or (window_only) the
-     * win_tile tokens of this thread block */
-    int w0 = 0, w1 = part == P.n_parts - 1 ? S.win_n : 0;
-    if (P.window_only) {
-        w0 = blockIdx.x * P.win_tile;
-        w1 = min(S.win_n, w0 + P.win_tile);
-    }
-    if (w1 > w0) {
+    /* the window: all of it in the last partition */
+    const int w1 = P.generic_window && part == P.n_parts - 1 ? S.win_n : 0;
+    if (w1 > 0) {
         /* the window holds plain fp16 rows: score with q itself and, when
          * the values method has its own domain, sum into accw */
         vq_cu_method f16;
@@ -200,7 +219,7 @@ __global__ void __launch_bounds__(THREADS) attend_kernel(const __grid_constant__
         f16.code_bytes = 2 * d;
         const size_t wo = (size_t)h * P.win_cap;
         const uint8_t *wk = (const uint8_t *)(S.win_k + wo * d), *wv = (const uint8_t *)(S.win_v + wo * d);
-        for (int t0 = w0; t0 < w1; t0 += TILE) {
+        for (int t0 = 0; t0 < w1; t0 += TILE) {
             int n = w1 - t0 < TILE ? w1 - t0 : TILE;
             run_tile(P, sm, R, f16, f16, wk, wv, P.win_cap, S.win_pos + wo, t0, n, acc, accw, P.split, false);
         }
@@ -218,8 +237,8 @@ __global__ void __launch_bounds__(THREADS) attend_kernel(const __grid_constant__
 #pragma unroll
         for (int r = 0; r < RMAX; r++) {
             if (r >= R) break;
-            out[(size_t)r * P.part_w + 2 + c] = acc[i][r];
-            if (P.split) out[(size_t)r * P.part_w + 2 + d + c] = accw[i][r];
+            out[(size_t)r * P.part_w + VQ_CU_PART_ACC + c] = acc[i][r];
+            if (P.split) out[(size_t)r * P.part_w + VQ_CU_PART_ACC + d + c] = accw[i][r];
         }
     }
 }
@@ -239,41 +258,80 @@ __device__ float block_reduce(float v, bool is_max, float *red) {
     return v;
 }
 
-/* One thread block per output row (grid: rows, kv heads, sequences). */
+/* Partitions each reduction warp has in flight. */
+#define RED_BATCH 4
+/* 16-byte loads per lane that cover a partial's acc (and accw): 2 * 256
+ * floats / 4 / 32 lanes. */
+#define RED_V4 (2 * VQ_CU_MAX_DIM / 128)
+
+/* One thread block per output row (grid: rows, kv heads, sequences). Warp
+ * w sums partitions w, w + 4, ... in a fixed order, RED_BATCH of them in
+ * flight with 16-byte loads (a serial loop over the partials would be a
+ * chain of memory latencies, about 0.4 us each); the warps' sums are then
+ * added in a fixed order. */
 __global__ void __launch_bounds__(THREADS) reduce_kernel(const __grid_constant__ params P) {
+    constexpr int RW = THREADS / 32;
     __shared__ float acc[VQ_CU_MAX_DIM];
-    __shared__ float wgt[1024];
+    __shared__ __align__(16) float wsum[RW][2 * VQ_CU_MAX_DIM];
+    __shared__ float red[RW];
     const int row = blockIdx.x, h = blockIdx.y, seq = blockIdx.z, tid = threadIdx.x, d = P.d;
+    const int warp = tid / 32, lane = tid % 32;
     const int rc = row / RMAX, r = row % RMAX;
     if (row >= P.rows) return;
     const float *base = P.partials + (((size_t)seq * P.hkv + h) * P.row_chunks + rc) * P.n_parts * RMAX * (size_t)P.part_w;
-    /* the partitions' maxima and weights, spread over the threads (a
-     * serial loop over hundreds of partials is a chain of memory latencies) */
-    __shared__ float red[THREADS / 32];
     float M = -INFINITY;
     for (int p = tid; p < P.n_parts; p += THREADS) M = fmaxf(M, base[((size_t)p * RMAX + r) * P.part_w]);
     M = block_reduce(M, true, red);
     float L = 0;
     for (int p = tid; p < P.n_parts; p += THREADS) {
         const float *pr = base + ((size_t)p * RMAX + r) * P.part_w;
-        float w = pr[0] == -INFINITY ? 0.0f : __expf(pr[0] - M);
-        if (p < 1024) wgt[p] = w;
-        L += pr[1] * w;
+        L += pr[0] == -INFINITY ? 0.0f : pr[1] * __expf(pr[0] - M);
     }
     L = block_reduce(L, false, red);
-    float a[CPT], aw[CPT];
-    for (int i = 0; i < CPT; i++) a[i] = aw[i] = 0;
-#pragma unroll 4
-    for (int p = 0; p < P.n_parts; p++) {
-        const float *pr = base + ((size_t)p * RMAX + r) * P.part_w;
-        float w = p < 1024 ? wgt[p] : (pr[0] == -INFINITY ? 0.0f : __expf(pr[0] - M));
+    const int width = d * (P.split ? 2 : 1);
+    float4 s[RED_V4];
 #pragma unroll
-        for (int i = 0; i < CPT; i++) {
-            int c = tid + i * THREADS;
-            if (c < d && w != 0) {
-                a[i] += pr[2 + c] * w;
-                if (P.split) aw[i] += pr[2 + d + c] * w;
+    for (int i = 0; i < RED_V4; i++) s[i] = make_float4(0, 0, 0, 0);
+    for (int p0 = warp; p0 < P.n_parts; p0 += RED_BATCH * RW) {
+        float pm[RED_BATCH];
+        float4 x[RED_BATCH][RED_V4];
+#pragma unroll
+        for (int k = 0; k < RED_BATCH; k++) {
+            const int p = p0 + k * RW;
+            const float *pr = base + ((size_t)p * RMAX + r) * P.part_w;
+            pm[k] = p < P.n_parts ? pr[0] : -INFINITY;
+#pragma unroll
+            for (int i = 0; i < RED_V4; i++) {
+                const int c = 4 * (lane + 32 * i);
+                x[k][i] = p < P.n_parts && c < width ? *(const float4 *)(pr + VQ_CU_PART_ACC + c) : make_float4(0, 0, 0, 0);
             }
+        }
+#pragma unroll
+        for (int k = 0; k < RED_BATCH; k++) {
+            const float w = pm[k] == -INFINITY ? 0.0f : __expf(pm[k] - M);
+#pragma unroll
+            for (int i = 0; i < RED_V4; i++) {
+                s[i].x += x[k][i].x * w;
+                s[i].y += x[k][i].y * w;
+                s[i].z += x[k][i].z * w;
+                s[i].w += x[k][i].w * w;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RED_V4; i++) {
+        const int c = 4 * (lane + 32 * i);
+        if (c < width) *(float4 *)&wsum[warp][c] = s[i];
+    }
+    __syncthreads();
+    float a[CPT], aw[CPT];
+#pragma unroll
+    for (int i = 0; i < CPT; i++) {
+        const int c = tid + i * THREADS;
+        a[i] = aw[i] = 0;
+        for (int w = 0; w < RW && c < d; w++) {
+            a[i] += wsum[w][c];
+            if (P.split) aw[i] += wsum[w][d + c];
         }
     }
     if (P.split) { /* acc = R^T a: Hadamard, then signs and 1/sqrt(d) */
@@ -330,37 +388,38 @@ extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, c
     P.row_chunks = (P.rows + RMAX - 1) / RMAX;
     P.max_blocks = g->max_blocks;
     P.split = g->mv.kind == VQ_CU_TQ_MSE;
-    P.part_w = 2 + d * (P.split ? 2 : 1);
+    P.part_w = VQ_CU_PART_ACC + d * (P.split ? 2 : 1);
     P.k_bytes = c->k_bytes;
     P.v_bytes = c->v_bytes;
     P.scale = a->scale > 0 ? a->scale : 1.0f / sqrtf((float)d);
+    P.q = a->q;
     int max_blocks = 0;
     for (int i = 0; i < n; i++) {
         int nb = (int)((caches[i]->streams[(size_t)layer * H].n_quant + P.bt - 1) / P.bt);
         max_blocks = nb > max_blocks ? nb : max_blocks;
     }
     P.block_bytes = c->block_bytes;
-    /* enough thread blocks to fill the GPU, a partition at least one block
-     * (the tensor-core kernel: one block per warp) */
-    const bool fast = max_blocks > 0 && vq_cu_kivi_fast_ok(&P);
-    const int min_blocks = fast ? VQ_CU_KIVI_WARPS : 1;
+    /* decode: the fp16 window in the row kernel (one partial per kv head,
+     * in the same launch as the blocks of an fp16 cache), the blocks of
+     * fp16, KIVI 2/4-bit and tq-mse 4-bit caches in kernels of their own;
+     * everything else in the generic kernel */
+    const bool decode = vq_cu_rows_decode_ok(&P);
+    const bool kivi = decode && max_blocks > 0 && vq_cu_kivi_fast_ok(&P);
+    const bool f16 = decode && max_blocks > 0 && P.mk.kind == VQ_CU_FP16 && P.mv.kind == VQ_CU_FP16;
+    const bool tq4 = decode && max_blocks > 0 && vq_cu_tq4_decode_ok(&P);
     long long pairs = (long long)n * H * P.row_chunks;
-    long long want = ((long long)g->n_sms * BLOCKS_PER_SM + pairs - 1) / pairs;
-    long long most = (max_blocks + min_blocks - 1) / min_blocks;
-    int parts = (int)(want < most ? want : most);
-    if (parts < 1) parts = 1;
-    P.part_blocks = max_blocks ? (max_blocks + parts - 1) / parts : 1;
-    P.n_parts = max_blocks ? (max_blocks + P.part_blocks - 1) / P.part_blocks : 1;
-    int fast_parts = P.n_parts, win_parts = 0;
-    if (fast) { /* one partial per warp, then the window's, WIN_TILE tokens each */
-        int max_win = 0;
-        for (int i = 0; i < n; i++) {
-            int w = caches[i]->streams[(size_t)layer * H].win_n;
-            max_win = w > max_win ? w : max_win;
-        }
-        win_parts = max_win ? (max_win + WIN_TILE - 1) / WIN_TILE : 1;
-        P.n_parts = fast_parts * VQ_CU_KIVI_WARPS + win_parts;
+    int parts;
+    if (kivi || f16 || tq4) {
+        parts = decode_parts(g->n_sms, pairs, max_blocks, kivi ? VQ_CU_KIVI_WARPS : VQ_CU_ROWS_WARPS);
+    } else { /* enough thread blocks to fill the GPU, a partition at least one block */
+        long long want = ((long long)g->n_sms * BLOCKS_PER_SM + pairs - 1) / pairs;
+        parts = (int)(want < max_blocks ? want : max_blocks);
+        if (parts < 1) parts = 1;
     }
+    P.part_blocks = max_blocks ? (max_blocks + parts - 1) / parts : 1;
+    const int block_parts = max_blocks ? (max_blocks + P.part_blocks - 1) / P.part_blocks : decode ? 0 : 1;
+    P.n_parts = block_parts + (decode ? 1 : 0);
+    P.generic_window = !decode;
     if (pairs * P.n_parts > 65535LL * 65535LL || (long long)H * P.row_chunks > 65535)
         return vq_fail(VQ_ERR_ARG, "n_q=%d gives too many row chunks for one launch (at most %d rows per kv head)",
                        a->n_q, 65535 / H * RMAX);
@@ -423,19 +482,21 @@ extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, c
         g->partial_bytes = pbytes;
     }
     P.partials = g->partials;
-    P.q = a->q;
     P.out = a->out;
     P.out_f16 = a->out_dtype == VQ_F16;
-    if (fast) {
-        e = vq_cu_kivi_fast_launch(&P, fast_parts, n);
-        P.part_base = P.n_parts - win_parts;
-        P.window_only = 1;
-        P.win_tile = WIN_TILE;
-        if (e == cudaSuccess) attend_kernel<<<dim3(win_parts, H * P.row_chunks, n), THREADS>>>(P);
+    if (f16) { /* the blocks and the window in one launch */
+        e = vq_cu_fp16_decode_launch(&P, P.n_parts, n, 0);
     } else {
-        attend_kernel<<<dim3(P.n_parts, H * P.row_chunks, n), THREADS>>>(P);
+        if (kivi) {
+            e = vq_cu_kivi_fast_launch(&P, block_parts, n);
+        } else if (tq4) {
+            e = vq_cu_tq4_decode_launch(&P, block_parts, n);
+        } else if (block_parts) {
+            attend_kernel<<<dim3(block_parts, H * P.row_chunks, n), THREADS>>>(P);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess && decode) e = vq_cu_fp16_decode_launch(&P, 1, n, P.n_parts - 1);
     }
-    if (e == cudaSuccess) e = cudaGetLastError();
     if (e == cudaSuccess) {
         reduce_kernel<<<dim3(P.row_chunks * RMAX, H, n), THREADS>>>(P);
         e = cudaGetLastError();

@@ -4,8 +4,9 @@
  *
  * Each warp streams whole blocks (codes, scales, positions: one contiguous
  * allocation) into shared memory with 16-byte cp.async copies, one block
- * ahead, and keeps its own online-softmax state; every warp writes its own
- * partial (max, sum, acc), merged by the reduction kernel (attend.cu).
+ * ahead, and keeps its own online-softmax state; at the end the warps'
+ * states are merged in shared memory and the thread block writes one
+ * partial (max, sum, acc) for the reduction kernel (attend.cu).
  *
  * Scores, per 16 tokens: S^T = C^T Q' with mma.sync m16n8k16 (fp16 in,
  * fp32 accumulate): A = the key codes (exact in fp16 via the 0x6400 trick:
@@ -361,19 +362,20 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         __syncwarp();
     }
     cp_async_wait<0>();
-    /* this warp's partial: rows 2j, 2j+1 from lanes i == 0 after the sums */
+    /* the warps' states merged into one partial per thread block: rows
+     * 2j, 2j+1 of each warp into its own (now idle) staging space */
 #pragma unroll
     for (int r = 0; r < 2; r++)
         for (int o = 4; o < 32; o *= 2) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o);
-    const int slot_idx = part * WARPS + warp;
-    float *out = P.partials + (((size_t)seq * P.hkv + h) * P.n_parts + slot_idx) * VQ_CU_RMAX * (size_t)P.part_w;
+    __syncwarp();
+    float *mine = (float *)stage0; /* [8 rows][2 + D]: max (log2 units), sum, acc */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = 2 * j + r;
         if (row >= g) continue;
-        float *o = out + (size_t)row * P.part_w;
+        float *o = mine + (size_t)row * (2 + D);
         if (i == 0) {
-            o[0] = m[r] * 0.6931471805599453f; /* back to natural-log units */
+            o[0] = m[r];
             o[1] = l[r];
         }
 #pragma unroll
@@ -382,6 +384,29 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             o[2 + c0] = acc[T][r];
             o[2 + c1] = acc[T][2 + r];
         }
+    }
+    __syncthreads();
+    const size_t warp_bytes = (size_t)STAGES * bb + 8 * (size_t)pst * 4;
+    float *out = P.partials + (((size_t)seq * P.hkv + h) * P.n_parts + part) * VQ_CU_RMAX * (size_t)P.part_w;
+    for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
+        const int row = idx / D, c = idx % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) M = fmaxf(M, ((const float *)(smem + w * warp_bytes))[row * (2 + D)]);
+        float L = 0, A = 0;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) {
+            const float *o = (const float *)(smem + w * warp_bytes) + row * (2 + D);
+            const float f = o[0] == -INFINITY ? 0.0f : exp2f(o[0] - M);
+            L += o[1] * f;
+            A += o[2 + c] * f;
+        }
+        float *po = out + (size_t)row * P.part_w;
+        if (c == 0) {
+            po[0] = M * 0.6931471805599453f; /* back to natural-log units */
+            po[1] = L;
+        }
+        po[VQ_CU_PART_ACC + c] = A;
     }
 }
 
@@ -392,7 +417,8 @@ static size_t smem_bytes(const vq_cu_attn *P) {
 bool vq_cu_kivi_fast_ok(const vq_cu_attn *P) {
     return P->mk.kind == VQ_CU_KIVI && P->mv.kind == VQ_CU_KIVI && (P->mk.bits == 2 || P->mk.bits == 4) &&
            (P->mv.bits == 2 || P->mv.bits == 4) && P->d == D && P->n_q == 1 && P->g <= 8 && P->bt % 32 == 0 &&
-           P->bt <= MAX_BT && smem_bytes(P) <= SMEM_LIMIT;
+           P->bt <= MAX_BT && smem_bytes(P) <= SMEM_LIMIT &&
+           STAGES * P->block_bytes >= 8 * (2 + D) * sizeof(float); /* room for the merge */
 }
 
 template <int KB, int VB, int GV>

@@ -88,6 +88,9 @@ typedef struct {
 cudaError_t vq_cu_launch_append(const vq_cu_append_args *a);
 
 #define VQ_CU_RMAX 8 /* query rows per attention thread block */
+/* Offset of the accumulator in a partial row (after max and sum): 16-byte
+ * aligned rows for the reduction's vector loads. */
+#define VQ_CU_PART_ACC 4
 #define VQ_CU_INLINE_SEQS 32
 #define VQ_CU_INLINE_QPOS 64
 
@@ -96,9 +99,7 @@ cudaError_t vq_cu_launch_append(const vq_cu_append_args *a);
 typedef struct {
     vq_cu_method mk, mv;
     int d, bt, win_cap, g, n_q, hq, hkv, rows, row_chunks, part_blocks, n_parts, max_blocks, part_w, split;
-    int part_base;       /* partial slot of blockIdx.x == 0 */
-    int window_only;     /* the generic kernel takes only the fp16 window, */
-    int win_tile;        /* win_tile tokens of it per thread block */
+    int generic_window;  /* the generic kernel's last partition takes the fp16 window */
     size_t k_bytes, v_bytes, block_bytes;
     float scale;
     const float *q;
@@ -109,7 +110,7 @@ typedef struct {
     int n_inline_seqs, n_inline_qpos;
     vq_cu_seq inline_seqs[VQ_CU_INLINE_SEQS];
     int32_t inline_qpos[VQ_CU_INLINE_QPOS];
-    float *partials;     /* [seq][hkv][row_chunk][slot][RMAX][part_w] */
+    float *partials;     /* [seq][hkv][row_chunk][slot][RMAX][part_w]: max, sum, pad, acc */
     void *out;
     int out_f16;
 } vq_cu_attn;
@@ -127,10 +128,23 @@ __device__ __forceinline__ int32_t vq_cu_qpos_at(const vq_cu_attn &P, size_t i) 
 
 /* The tensor-core decode kernel for KIVI keys and values (attend_kivi.cu):
  * whether it takes these arguments, and its launch over blocks
- * [0, n_parts_fast * part_blocks) writing partial slots
- * [0, n_parts_fast * VQ_CU_KIVI_WARPS). */
+ * [0, parts * part_blocks), thread block x writing partial slot x. */
 #define VQ_CU_KIVI_WARPS 4
 bool vq_cu_kivi_fast_ok(const vq_cu_attn *P);
-cudaError_t vq_cu_kivi_fast_launch(const vq_cu_attn *P, int n_parts_fast, int n_seqs);
+cudaError_t vq_cu_kivi_fast_launch(const vq_cu_attn *P, int parts, int n_seqs);
+
+/* The row decode kernel (attend_decode.cu): whether it takes these
+ * arguments (one query token, head dim 64/128/256, at most 8 q heads per
+ * kv head, q 16-byte aligned; tq4: and 4-bit tq-mse keys and values), and
+ * its launches of `parts` thread blocks per (kv head, sequence). fp16:
+ * thread block x writes partial slot first_slot + x; the last slot
+ * (n_parts - 1) takes the fp16 window of any cache, the others blocks
+ * [x * part_blocks, (x + 1) * part_blocks) of an fp16 cache. tq4: thread
+ * block x takes those blocks of a tq-mse cache into slot x. */
+#define VQ_CU_ROWS_WARPS 4
+bool vq_cu_rows_decode_ok(const vq_cu_attn *P);
+bool vq_cu_tq4_decode_ok(const vq_cu_attn *P);
+cudaError_t vq_cu_fp16_decode_launch(const vq_cu_attn *P, int parts, int n_seqs, int first_slot);
+cudaError_t vq_cu_tq4_decode_launch(const vq_cu_attn *P, int parts, int n_seqs);
 
 #endif
