@@ -313,7 +313,14 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
     } else if ((int64_t)last + n_tokens > INT32_MAX) {
         return vq_fail(VQ_ERR_ARG, "positions would pass 2^31 - 1");
     }
-    if (c->cuda) return vq_cuda_append(c, layer, n_tokens, k, v, dtype, positions);
+    if (c->cuda) {
+        int64_t held = vq_cache_tokens(c, layer);
+        if (held + n_tokens > c->cfg.capacity)
+            return vq_fail(VQ_ERR_ARG,
+                           "appending %d tokens to layer %d would hold %lld tokens, over the capacity %lld",
+                           n_tokens, layer, (long long)(held + n_tokens), (long long)c->cfg.capacity);
+        return vq_cuda_append(c, layer, n_tokens, k, v, dtype, positions);
+    }
     int H = c->cfg.n_heads_kv, d = c->cfg.head_dim;
     size_t es = vq_dtype_size(dtype), row = (size_t)d * es;
     /* scratch: F rows for flushing, plus one row for conversions */
