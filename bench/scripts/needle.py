@@ -2,12 +2,12 @@
 long ago when the cache keeps only part of the context?
 
     python3 bench/scripts/needle.py phrasings VAL OUT.jsonl [--trials N]
-    python3 bench/scripts/needle.py grid VAL OUT.jsonl --phrasing P [--trials N]
+    python3 bench/scripts/needle.py grid VAL OUT.jsonl [--phrasing P] [--trials N]
         [--budgets 512,256,1024] [--policies "streaming h2o ..."] [--bases fp16]
         [--adakv "h2o snapkv qfilters"] [--filters models/velox-ref/qfilters.bin]
 
 A trial: a made-up key sentence ("The secret number of Nora Vasquez is
-482913.") is put at a random depth (between 5 % and 95 % of the lines) into
+482913.", stated twice in a row with the default phrasing "twice") is put at a random depth (between 5 % and 95 % of the lines) into
 1500-1900 tokens of real prose cut from the held-out text VAL (whole lines,
 starting at a random line; <|doc|> separators become blank lines), and a
 question at the end asks for the number. `veloxquant generate --temp 0`
@@ -15,8 +15,8 @@ question at the end asks for the number. `veloxquant generate --temp 0`
 the continuation is exactly the needle's. Trial i uses seed SEED + i for
 the needle, the depth and the filler, so every spec sees the same prompts.
 
-phrasings: the question forms below with an fp16 cache and no eviction,
-to pick one the model passes reliably. grid: one phrasing, the fp16 and
+phrasings: the forms below with an fp16 cache and no eviction, to pick the
+one the model passes most often (velox-ref: "twice", 10 of 20). grid: one phrasing, the fp16 and
 KIVI-2 baselines without eviction, then every policy at every budget.
 One JSON line per trial. Needs the `tokenizers` package to count tokens.
 """
@@ -113,7 +113,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1000)
-    ap.add_argument("--phrasing", choices=sorted(PHRASINGS), default="repeat")
+    ap.add_argument("--phrasing", choices=sorted(PHRASINGS), default="twice")
     ap.add_argument("--budgets", default="512,256,1024")
     ap.add_argument("--policies", default="streaming h2o tova keyformer snapkv pyramidkv knorm qfilters")
     ap.add_argument("--bases", default="fp16")
