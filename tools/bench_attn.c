@@ -3,6 +3,7 @@
  * run on the next of several caches so neither arm is served from the CPU
  * cache. Reports medians and spread, bytes, bandwidth and the floor. */
 #include "veloxquant.h"
+#include "cli.h"
 #include "synth.h"
 
 #include <math.h>
@@ -231,8 +232,9 @@ int vq_cmd_bench_attn(int argc, char **argv) {
     printf("  %-52s %10s %10s %10s %11s %8s %10s\n", "spec", "median us", "min us", "max us", "KV bytes", "GB/s", "floor us");
     printf("  %-52s %10.1f %10.1f %10.1f %11zu %8.1f %10.1f\n", spec_full, s_med, s_min, s_max, kv_bytes, gbps, floor_us);
     printf("  %-52s %10.1f %10.1f %10.1f %11zu %8.1f %10.1f\n", "fp16", f_med, f_min, f_max, kv_bytes_fp16, gbps_fp16, floor_fp16_us);
-    printf("\n  speedup vs fp16 %.2fx, memory %.2fx smaller, %.2f bits/elem, rel. L2 error vs fp16 output %.3g\n",
-           f_med / s_med, (double)kv_bytes_fp16 / (double)kv_bytes, bits, rel_err);
+    char rb[48];
+    printf("\n  speedup vs fp16 %.2fx, memory %s, %.2f bits/elem, rel. L2 error vs fp16 output %.3g\n",
+           f_med / s_med, cli_size_ratio((double)kv_bytes_fp16, (double)kv_bytes, rb, sizeof rb), bits, rel_err);
     printf("  fp16 spread (noise floor): %.1f%% of its median\n", (f_max - f_min) / f_med * 100.0);
     if (o.json)
         printf("{\"spec\":\"%s\",\"seq\":%d,\"heads_q\":%d,\"heads_kv\":%d,\"dim\":%d,\"batch\":%d,\"threads\":%d,"

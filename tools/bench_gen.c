@@ -114,7 +114,9 @@ int vq_cmd_bench_gen(int argc, char **argv) {
     for (int a = 0; a < 2; a++)
         printf("  %-60s %9.1f [%6.1f,%6.1f] %9.1f [%6.1f,%6.1f] %12s\n", names[a], s[a][0][0], s[a][0][1], s[a][0][2],
                s[a][1][0], s[a][1][1], s[a][1][2], cli_bytes((double)kv[a], a ? b2 : b1, 32));
-    printf("  decode speedup vs fp16 %.2fx, KV memory %.2fx smaller\n", s[0][1][0] / s[1][1][0], (double)kv[1] / (double)kv[0]);
+    char rb[48];
+    printf("  decode speedup vs fp16 %.2fx, KV memory %s\n", s[0][1][0] / s[1][1][0],
+           cli_size_ratio((double)kv[1], (double)kv[0], rb, sizeof rb));
     if (json)
         printf("{\"model\":\"%s\",\"spec\":\"%s\",\"ctx\":%d,\"decode_tokens\":%d,\"threads\":%d,\"runs\":%d,"
                "\"prefill_tps\":%.3f,\"prefill_tps_min\":%.3f,\"prefill_tps_max\":%.3f,\"decode_tps\":%.3f,"

@@ -112,3 +112,10 @@ const char *cli_bytes(double b, char *buf, int size) {
     snprintf(buf, (size_t)size, u ? "%.2f %s" : "%.0f %s", b, unit[u]);
     return buf;
 }
+
+const char *cli_size_ratio(double fp16_bytes, double bytes, char *buf, int size) {
+    if (!(bytes > 0) || !(fp16_bytes > 0)) snprintf(buf, (size_t)size, "no ratio (nothing cached)");
+    else if (fp16_bytes >= bytes) snprintf(buf, (size_t)size, "%.2fx smaller", fp16_bytes / bytes);
+    else snprintf(buf, (size_t)size, "%.2fx larger", bytes / fp16_bytes);
+    return buf;
+}

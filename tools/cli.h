@@ -16,5 +16,8 @@ int cli_load_model(const char *cmd, const char *dir, vq_model **m, vq_tokenizer 
 char *cli_read_text(const char *cmd, const char *path, size_t *len);
 /* "12.3 MiB" */
 const char *cli_bytes(double bytes, char *buf, int size);
+/* "3.84x smaller" or, when the compressed side is the bigger one (short
+ * sequences: blocks and the fp16 window are allocated ahead), "2.46x larger". */
+const char *cli_size_ratio(double fp16_bytes, double bytes, char *buf, int size);
 
 #endif

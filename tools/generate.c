@@ -170,8 +170,10 @@ int vq_cmd_generate(int argc, char **argv) {
     size_t kv = vq_cache_peak_bytes(cache), kv16 = vq_cache_bytes_fp16_equiv(cache);
     fprintf(stderr, "prompt: %zu tokens, %.1f tokens/s | generation: %d tokens, %.1f tokens/s | %d threads\n",
             n_prompt, n_prompt / t_prompt, generated, generated > 0 ? generated / t_gen : 0.0, threads);
-    fprintf(stderr, "KV cache (%s): %s allocated at the peak, fp16 would take %s: %.2fx smaller\n", vq_cache_spec(cache),
-            cli_bytes((double)kv, b1, sizeof b1), cli_bytes((double)kv16, b2, sizeof b2), kv ? (double)kv16 / kv : 0.0);
+    char b3[48];
+    fprintf(stderr, "KV cache (%s): %s allocated at the peak, fp16 would take %s: %s\n", vq_cache_spec(cache),
+            cli_bytes((double)kv, b1, sizeof b1), cli_bytes((double)kv16, b2, sizeof b2),
+            cli_size_ratio((double)kv16, (double)kv, b3, sizeof b3));
     rc = 0;
 done:
     free(chat_text);

@@ -154,9 +154,10 @@ int vq_cmd_ppl(int argc, char **argv) {
     if (cr)
         printf(" | fp16 ppl %.4f | KL(fp16||spec) %.6f nats/token | top-1 agreement %.4f", exp(nll_ref / (double)scored),
                kl / (double)scored, (double)agree / (double)scored);
-    printf("\nKV cache at the end of a window: %s allocated, fp16 %s (%.2fx smaller) | %.1f tokens/s\n",
+    char b3[48];
+    printf("\nKV cache at the end of a window: %s allocated, fp16 %s (%s) | %.1f tokens/s\n",
            cli_bytes((double)kv_peak, b1, sizeof b1), cli_bytes((double)kv16_peak, b2, sizeof b2),
-           kv_peak ? (double)kv16_peak / (double)kv_peak : 0.0, tps);
+           cli_size_ratio((double)kv16_peak, (double)kv_peak, b3, sizeof b3), tps);
     if (json) {
         printf("{\"ppl\":%.6f,", ppl);
         if (cr)
