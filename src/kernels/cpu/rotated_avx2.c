@@ -18,10 +18,12 @@
  *
  * Keys: 2 tokens and up to 4 rows per step, so each level vector feeds every
  * row and each q load two tokens; the 8 (row, token) sums are reduced with
- * one hadd tree and scaled by the two norms at once.
+ * one hadd tree and stored as one pair per row; the norms scale the logits
+ * afterwards, 8 tokens at a time.
  * Values: the norm is folded into the weights once per token; channels go
  * outer (accumulators for up to 4 rows x 16 channels stay in registers over
- * a run of tokens), tokens inner. */
+ * a run of tokens), tokens inner; folded 4-bit parts fold two tokens' bytes
+ * at once. */
 #include "methods/rotated.h"
 
 #include <immintrin.h>
@@ -224,6 +226,21 @@ static void prep_part(const vq_code_part *p, const int R, const float *q, int d,
                 _mm256_storeu_ps(qs, _mm256_loadu_ps(q + (size_t)r * d + j * stride + u));
 }
 
+/* logits[r][t] *= norms[t] for R rows: once per call, 8 tokens a step, so
+ * the per-pair epilogue of score_rows has no conversions or broadcasts. */
+static void scale_by_norms(const uint16_t *norms, int n, int R, float *logits, int ld) {
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        __m256 nv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(norms + t)));
+        for (int r = 0; r < R; r++) {
+            float *l = logits + (size_t)r * ld + t;
+            _mm256_storeu_ps(l, _mm256_mul_ps(_mm256_loadu_ps(l), nv));
+        }
+    }
+    for (; t < n; t++)
+        for (int r = 0; r < R; r++) logits[(size_t)r * ld + t] *= _cvtsh_ss(norms[t]);
+}
+
 /* Scores tokens [0, n) for R rows (1, 2 or 4, a constant in each caller so
  * the accumulators stay in registers). */
 static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, const float *tabs, const bool *folded,
@@ -260,15 +277,23 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
         __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
         __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
         __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h01, h23, 0x20), _mm256_permute2f128_ps(h01, h23, 0x31));
-        float n0 = _cvtsh_ss(norms[j]), n1 = _cvtsh_ss(norms[j1]);
-        s = _mm256_mul_ps(s, _mm256_setr_ps(n0, n1, n0, n1, n0, n1, n0, n1));
-        float out[8];
-        _mm256_storeu_ps(out, s);
-        for (int r = 0; r < R; r++) {
-            logits[(size_t)r * ld + j] = out[2 * r];
-            if (j1 != j) logits[(size_t)r * ld + j1] = out[2 * r + 1];
+        /* a row's two sums are adjacent in s and in logits: one 8-byte
+         * store each instead of a scalar per (row, token) */
+        __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
+        if (j1 != j) {
+            _mm_storel_pi((__m64 *)(logits + j), lo);
+            if (R > 1) _mm_storeh_pi((__m64 *)(logits + (size_t)ld + j), lo);
+            if (R > 2) {
+                _mm_storel_pi((__m64 *)(logits + 2 * (size_t)ld + j), hi);
+                _mm_storeh_pi((__m64 *)(logits + 3 * (size_t)ld + j), hi);
+            }
+        } else {
+            float out[8];
+            _mm256_storeu_ps(out, s);
+            for (int r = 0; r < R; r++) logits[(size_t)r * ld + j] = out[2 * r];
         }
     }
+    scale_by_norms(norms, n, R, logits, ld);
 }
 
 bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
@@ -295,6 +320,15 @@ bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *c
     return true;
 }
 
+/* a[r][g] += wn[r] * v[g] for R rows and G runs of one token (wn rows
+ * TOKENS apart). */
+static ALWAYS_INLINE void weigh(const int R, const int G, const float *wn, const __m256 *v, __m256 *a) {
+    for (int r = 0; r < R; r++) {
+        __m256 w = _mm256_broadcast_ss(wn + r * TOKENS);
+        for (int g = 0; g < G; g++) a[r * G + g] = _mm256_fmadd_ps(w, v[g], a[r * G + g]);
+    }
+}
+
 /* acc_r[channels of G runs] += sum_t wn[r][t] * levels over n tokens for one
  * part, R rows (1, 2, 4) and G = 8 / R runs per pass (at most the slots of
  * a byte): the R x G accumulators stay in registers over the tokens. acc
@@ -311,7 +345,18 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
             __m256 a[8];
             for (int r = 0; r < R; r++)
                 for (int g = 0; g < G; g++) a[r * G + g] = _mm256_loadu_ps(acc + (size_t)r * d + (j0 + g) * stride + u);
-            for (int t = 0; t < n; t++) {
+            int t = 0;
+            if (F) /* two tokens' bytes folded in one register, as in score_part */
+                for (; t + 2 <= n; t += 2) {
+                    __m256i x0, x1;
+                    load_folded2(c + (size_t)t * cb + u, c + (size_t)(t + 1) * cb + u, &x0, &x1);
+                    __m256 v[8];
+                    for (int g = 0; g < G; g++) v[g] = folded_levels(x0, j0 + g, ta, tb);
+                    weigh(R, G, wn + t, v, a);
+                    for (int g = 0; g < G; g++) v[g] = folded_levels(x1, j0 + g, ta, tb);
+                    weigh(R, G, wn + t + 1, v, a);
+                }
+            for (; t < n; t++) {
                 const uint8_t *ct = c + (size_t)t * cb;
                 __m256i x = F ? load_folded(ct + u) : load_plane(ct + u, B);
                 __m256 v[8];
@@ -323,10 +368,7 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
                 } else {
                     for (int g = 0; g < G; g++) v[g] = levels(x, B, j0 + g, ta, tb);
                 }
-                for (int r = 0; r < R; r++) {
-                    __m256 w = _mm256_broadcast_ss(wn + r * TOKENS + t);
-                    for (int g = 0; g < G; g++) a[r * G + g] = _mm256_fmadd_ps(w, v[g], a[r * G + g]);
-                }
+                weigh(R, G, wn + t, v, a);
             }
             for (int r = 0; r < R; r++)
                 for (int g = 0; g < G; g++) _mm256_storeu_ps(acc + (size_t)r * d + (j0 + g) * stride + u, a[r * G + g]);
