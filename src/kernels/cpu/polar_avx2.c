@@ -112,10 +112,34 @@ static ALWAYS_INLINE void score_node(const trig8 *tr, const codes8 *x, __m256 pa
     }
 }
 
+/* logits[r][t0 + k] = the lane sum of part[r][k] for 4 rows and cnt <= 8
+ * tokens: one transposing hadd tree per row and 8 tokens instead of one
+ * per token. part: [row][token][8 lanes]. */
+static void sum_parts(const float *part, int t0, int cnt, float *logits, int ld) {
+    for (int r = 0; r < 4; r++) {
+        const float *p = part + r * 64;
+        __m256 v[8];
+        for (int k = 0; k < 8; k++) v[k] = _mm256_loadu_ps(p + 8 * k);
+        __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+        __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+        /* h0 = {t0 t1 t2 t3 | t0 t1 t2 t3} halves, h1 the same for t4..t7 */
+        __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+        float *l = logits + (size_t)r * ld + t0;
+        if (cnt == 8) {
+            _mm256_storeu_ps(l, s);
+        } else {
+            float o[8];
+            _mm256_storeu_ps(o, s);
+            memcpy(l, o, sizeof(float) * (size_t)cnt);
+        }
+    }
+}
+
 /* Scores n tokens for R rows (4 or 1, a constant) from the transposed q. */
 static ALWAYS_INLINE void score_rows(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
                                      const float *qT, const int R, float *logits, int ld) {
     int nb = d / 16;
+    float part[4 * 8 * 8] = {0}; /* a short last group sums old or zero lanes, never stored */
     for (int t = 0; t < n; t++) {
         const uint8_t *c = codes + (size_t)t * cb;
         __m256 acc[8];
@@ -136,11 +160,8 @@ static ALWAYS_INLINE void score_rows(const trig8 *tr, const uint16_t *rad, const
         if (R == 1) {
             logits[t] = hsum8(_mm256_add_ps(acc[0], acc[4]));
         } else {
-            for (int r = 0; r < 4; r++) acc[r] = _mm256_add_ps(acc[r], acc[r + 4]);
-            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-            float s[4];
-            _mm_storeu_ps(s, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-            for (int r = 0; r < 4; r++) logits[(size_t)r * ld + t] = s[r];
+            for (int r = 0; r < 4; r++) _mm256_storeu_ps(part + (r * 8 + t % 8) * 8, _mm256_add_ps(acc[r], acc[r + 4]));
+            if (t % 8 == 7 || t == n - 1) sum_parts(part, t - t % 8, t % 8 + 1, logits, ld);
         }
     }
 }
