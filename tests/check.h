@@ -3,6 +3,8 @@
 #ifndef VQ_CHECK_H
 #define VQ_CHECK_H
 
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 
 static int check_passed, check_failed;
@@ -22,6 +24,17 @@ static int check_passed, check_failed;
 static int check_done(void) {
     printf("%d passed, %d failed\n", check_passed, check_failed);
     return check_failed ? 1 : 0;
+}
+
+/* Relative L2 distance between out and ref (absolute when ref is zero). */
+static inline double rel_l2(const float *out, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)out[i] - ref[i];
+        num += e * e;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 #endif

@@ -9,17 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Relative L2 distance between out and ref. */
-static double rel_l2(const float *out, const double *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double dlt = (double)out[i] - ref[i];
-        num += dlt * dlt;
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* Builds a cache of `seq` synthetic tokens (appended in uneven chunks), runs
  * vq_attend for n_q query rows at the end of the sequence and compares with
  * the reference over the decoded cache. Returns the relative error. */

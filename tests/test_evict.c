@@ -138,16 +138,6 @@ static void test_in_place(const char *spec, int bt) {
     vq_cache_free(c);
 }
 
-static double rel_l2(const float *out, const double *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = (double)out[i] - ref[i];
-        num += e * e;
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* A policy evicts while tokens stream in; then fused attention over the
  * cache equals fp64 attention over the decoded kept tokens at their
  * original positions, for decode (split-KV) and a causal prefill chunk. */

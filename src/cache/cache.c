@@ -293,6 +293,15 @@ static void row_to_f16(const void *src, vq_dtype dt, int d, uint16_t *dst, float
     }
 }
 
+/* Capacity (0 = unlimited) bounds the tokens a layer holds after an append. */
+static vq_status check_capacity(const vq_cache *c, int layer, int n_tokens) {
+    int64_t held = vq_cache_tokens(c, layer);
+    if (c->cfg.capacity && held + n_tokens > c->cfg.capacity)
+        return vq_fail(VQ_ERR_ARG, "appending %d tokens to layer %d would hold %lld tokens, over the capacity %lld",
+                       n_tokens, layer, (long long)(held + n_tokens), (long long)c->cfg.capacity);
+    return VQ_OK;
+}
+
 vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, const void *v,
                           vq_dtype dtype, const int32_t *positions) {
     if (!c) return vq_fail(VQ_ERR_ARG, "vq_cache_append: cache is NULL");
@@ -314,12 +323,8 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
         return vq_fail(VQ_ERR_ARG, "positions would pass 2^31 - 1");
     }
     if (c->cuda) {
-        int64_t held = vq_cache_tokens(c, layer);
-        if (held + n_tokens > c->cfg.capacity)
-            return vq_fail(VQ_ERR_ARG,
-                           "appending %d tokens to layer %d would hold %lld tokens, over the capacity %lld",
-                           n_tokens, layer, (long long)(held + n_tokens), (long long)c->cfg.capacity);
-        return vq_cuda_append(c, layer, n_tokens, k, v, dtype, positions);
+        vq_status cst = check_capacity(c, layer, n_tokens);
+        return cst ? cst : vq_cuda_append(c, layer, n_tokens, k, v, dtype, positions);
     }
     int H = c->cfg.n_heads_kv, d = c->cfg.head_dim;
     size_t es = vq_dtype_size(dtype), row = (size_t)d * es;
@@ -343,10 +348,8 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
         st = vq_cache_evict_for(c, layer, n_tokens);
         if (st) return st;
     }
-    int64_t held = vq_cache_tokens(c, layer);
-    if (c->cfg.capacity && held + n_tokens > c->cfg.capacity)
-        return vq_fail(VQ_ERR_ARG, "appending %d tokens to layer %d would hold %lld tokens, over the capacity %lld",
-                       n_tokens, layer, (long long)(held + n_tokens), (long long)c->cfg.capacity);
+    st = check_capacity(c, layer, n_tokens);
+    if (st) return st;
     size_t new_blocks = 0;
     for (int h = 0; h < H; h++) {
         vq_stream *s = vq_stream_at(c, layer, h);

@@ -226,21 +226,27 @@ static val *mk_func(rctx *r, int fn, val *self) {
     return v;
 }
 
-/* Sets key in a dict or namespace (replacing an existing one). */
-static void dict_set(rctx *r, val *d, const char *k, size_t kn, val *v) {
-    for (int i = 0; i < d->n_pairs; i++)
-        if (d->pairs[i].kn == kn && memcmp(d->pairs[i].k, k, kn) == 0) {
-            d->pairs[i].v = v;
+/* Sets key k in a list of pairs (a dict, a namespace or a scope), replacing
+ * an existing entry; the list grows by doubling in the render's arena. */
+static void pairs_set(rctx *r, pair **list, int *n, int *cap, const char *k, size_t kn, val *v) {
+    for (int i = 0; i < *n; i++)
+        if ((*list)[i].kn == kn && memcmp((*list)[i].k, k, kn) == 0) {
+            (*list)[i].v = v;
             return;
         }
-    if (d->n_pairs == d->cap_pairs) {
-        int cap = d->cap_pairs ? d->cap_pairs * 2 : 4;
-        pair *p = ct_alloc(r->c, sizeof *p * (size_t)cap);
-        if (d->n_pairs) memcpy(p, d->pairs, sizeof *p * (size_t)d->n_pairs);
-        d->pairs = p;
-        d->cap_pairs = cap;
+    if (*n == *cap) {
+        int nc = *cap ? *cap * 2 : 4;
+        pair *p = ct_alloc(r->c, sizeof *p * (size_t)nc);
+        if (*n) memcpy(p, *list, sizeof *p * (size_t)*n);
+        *list = p;
+        *cap = nc;
     }
-    d->pairs[d->n_pairs++] = (pair){k, kn, v};
+    (*list)[(*n)++] = (pair){k, kn, v};
+}
+
+/* Sets key in a dict or namespace. */
+static void dict_set(rctx *r, val *d, const char *k, size_t kn, val *v) {
+    pairs_set(r, &d->pairs, &d->n_pairs, &d->cap_pairs, k, kn, v);
 }
 
 static val *dict_get(const val *d, const char *k, size_t kn) {
@@ -250,20 +256,7 @@ static val *dict_get(const val *d, const char *k, size_t kn) {
 }
 
 static void scope_set(rctx *r, scope *s, const char *name, val *v) {
-    size_t n = strlen(name);
-    for (int i = 0; i < s->n; i++)
-        if (s->vars[i].kn == n && memcmp(s->vars[i].k, name, n) == 0) {
-            s->vars[i].v = v;
-            return;
-        }
-    if (s->n == s->cap) {
-        int cap = s->cap ? s->cap * 2 : 8;
-        pair *p = ct_alloc(r->c, sizeof *p * (size_t)cap);
-        if (s->n) memcpy(p, s->vars, sizeof *p * (size_t)s->n);
-        s->vars = p;
-        s->cap = cap;
-    }
-    s->vars[s->n++] = (pair){name, n, v};
+    pairs_set(r, &s->vars, &s->n, &s->cap, name, strlen(name), v);
 }
 
 static val *lookup(rctx *r, const char *name, size_t n) {
