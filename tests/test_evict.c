@@ -2,7 +2,8 @@
  * positions and attention after eviction (fp16, kivi-2, tq-mse), in-place
  * compaction (kept tokens bit for bit unchanged), memory freed by the
  * evicted share (per-token methods and KIVI's grouped keys), per-head
- * budgets, and the key weights of the fused attention. */
+ * budgets, the key weights of the fused attention, and appends refused
+ * for capacity leaving the cache untouched. */
 #include "check.h"
 #include "evict/evict.h"
 #include "synth.h"
@@ -12,12 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-static vq_cache *make(const char *spec, int layers, int hq, int hkv, int d, int bt) {
+static vq_cache *make_capped(const char *spec, int layers, int hq, int hkv, int d, int bt, int64_t capacity) {
     vq_cache_config cfg = {.n_layers = layers, .n_heads_q = hq, .n_heads_kv = hkv, .head_dim = d, .kv_spec = spec,
-                           .block_tokens = bt};
+                           .block_tokens = bt, .capacity = capacity};
     vq_cache *c = NULL;
     if (vq_cache_create(&cfg, &c)) fprintf(stderr, "create '%s': %s\n", spec, vq_last_error());
     return c;
+}
+
+static vq_cache *make(const char *spec, int layers, int hq, int hkv, int d, int bt) {
+    return make_capped(spec, layers, hq, hkv, d, bt, 0);
 }
 
 /* Appends tokens [t0, t0 + n) of a synthetic stream to one layer. */
@@ -302,6 +307,38 @@ static void test_per_head(void) {
     vq_cache_free(c);
 }
 
+/* A budget above the capacity: an append whose tokens would not fit after
+ * eviction is refused before anything is evicted (counts, bytes and tokens
+ * seen unchanged), with and without Ada-KV (Ada-KV's counts are known only
+ * after its shared selection). */
+static void test_capacity(bool adakv) {
+    int d = 32, hkv = 4;
+    const char *spec = adakv ? "fp16+h2o:budget=64,adakv=1,floor=0.25" : "fp16+h2o:budget=64";
+    vq_cache *c = make_capped(spec, 1, 4, hkv, d, 16, 60);
+    vq_synth syn = {.n_heads_kv = hkv, .n_heads_q = 4, .head_dim = d, .seed = 3};
+    append_synth(c, &syn, 0, 0, 60);
+    /* head 0 puts all its mass on one slot, so Ada-KV moves its slots to
+     * the others: some head keeps more than the capacity leaves room for */
+    for (int h = 0; h < hkv; h++) {
+        vq_stream *s = vq_stream_at(c, 0, h);
+        for (int i = 0; i < 60; i++) s->score[i] = h == 0 ? (i == 7 ? 1.0f : 0.0f) : 1.0f + (float)(i % 5);
+    }
+    size_t bytes = vq_cache_bytes(c);
+    float *k = calloc((size_t)8 * hkv * d, sizeof(float)), *v = calloc((size_t)8 * hkv * d, sizeof(float));
+    vq_status st = vq_cache_append(c, 0, 8, k, v, VQ_F32, NULL);
+    CHECK(st == VQ_ERR_ARG && strstr(vq_last_error(), "capacity 60"), "%s: append over capacity gave %d (%s)", spec,
+          (int)st, vq_last_error());
+    for (int h = 0; h < hkv; h++)
+        CHECK(vq_cache_head_tokens(c, 0, h) == 60, "%s: head %d holds %lld after a refused append, not 60", spec, h,
+              (long long)vq_cache_head_tokens(c, 0, h));
+    CHECK(vq_cache_bytes(c) == bytes && vq_cache_tokens_seen(c, 0) == 60,
+          "%s: a refused append changed the cache (%zu -> %zu bytes, %lld seen)", spec, bytes, vq_cache_bytes(c),
+          (long long)vq_cache_tokens_seen(c, 0));
+    free(k);
+    free(v);
+    vq_cache_free(c);
+}
+
 /* Key weights from the fused pass equal the reference softmax
  * probabilities, summed over the observed rows and the GQA group. */
 static void test_key_weights(const char *spec, int n_q, int rows) {
@@ -377,6 +414,8 @@ int main(void) {
     test_attend_after_evict("kivi:bits=2,residual=32+h2o:budget=256");
     test_memory();
     test_per_head();
+    test_capacity(false);
+    test_capacity(true);
     test_key_weights("fp16", 1, 0);
     test_key_weights("kivi:bits=2,residual=64", 1, 0);
     test_key_weights("kivi:bits=2,residual=64", 40, 0);

@@ -343,12 +343,9 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
     if (!st) st = check_values(v, dtype, n_tokens, H, d, "value");
     if (st) return st;
     /* With a policy, make room first: the budget holds during the
-     * attention that follows too. */
-    if (c->evict) {
-        st = vq_cache_evict_for(c, layer, n_tokens);
-        if (st) return st;
-    }
-    st = check_capacity(c, layer, n_tokens);
+     * attention that follows too. Eviction checks the capacity against
+     * what it would keep before it evicts anything. */
+    st = c->evict ? vq_cache_evict_for(c, layer, n_tokens) : check_capacity(c, layer, n_tokens);
     if (st) return st;
     size_t new_blocks = 0;
     for (int h = 0; h < H; h++) {

@@ -37,6 +37,16 @@ static vq_status ensure_scratch(vq_evict_state *e, size_t slots) {
     return VQ_OK;
 }
 
+/* Capacity is checked against the counts eviction is about to leave, before
+ * anything is evicted: a refused append changes nothing. */
+static vq_status check_room(const vq_cache *c, int layer, int64_t most_kept, int n_new) {
+    if (c->cfg.capacity && most_kept + n_new > c->cfg.capacity)
+        return vq_fail(VQ_ERR_ARG,
+                       "appending %d tokens to layer %d would hold %lld tokens after eviction, over the capacity %lld",
+                       n_new, layer, (long long)(most_kept + n_new), (long long)c->cfg.capacity);
+    return VQ_OK;
+}
+
 static const float *ranks_of(vq_evict_state *e, const vq_stream *s, int64_t n, float *rank) {
     if (!e->p.policy->rank) return s->score;
     e->p.policy->rank(&e->p, s->score, (int)n, rank);
@@ -51,13 +61,17 @@ vq_status vq_cache_evict_for(vq_cache *c, int layer, int n_new) {
         return vq_fail(VQ_ERR_ARG, "appending %d tokens at once to layer %d passes its eviction budget of %lld tokens per "
                                    "head (%s); append at most vq_cache_append_limit() tokens at a time",
                        n_new, layer, (long long)budget, c->spec_text);
-    int64_t keep_n = budget - n_new, total = 0, over = 0;
+    int64_t keep_n = budget - n_new, total = 0, most = 0;
     for (int h = 0; h < H; h++) {
         int64_t n = vq_cache_head_tokens(c, layer, h);
         total += n;
-        over |= n > keep_n;
+        most = n > most ? n : most;
     }
-    if (e->p.adakv ? total <= keep_n * H : !over) return VQ_OK;
+    if (e->p.adakv ? total <= keep_n * H : most <= keep_n) return check_room(c, layer, most, n_new);
+    if (!e->p.adakv) {
+        vq_status st = check_room(c, layer, keep_n, n_new);
+        if (st) return st;
+    }
     vq_status st = ensure_scratch(e, (size_t)total);
     if (st) return st;
     int sinks, recent;
@@ -89,6 +103,14 @@ vq_status vq_cache_evict_for(vq_cache *c, int layer, int n_new) {
     int64_t floor_n = (int64_t)(e->p.floor * (double)keep_n + 0.5);
     vq_evict_select_shared(H, e->head_rank, e->head_n, keep_n * H, floor_n, sinks, recent, e->p.policy->mass_scores,
                            e->head_keep, e->rank + total, e->order);
+    int64_t most_kept = 0;
+    for (int h = 0; h < H; h++) {
+        int64_t k = 0;
+        for (int64_t i = 0; i < e->head_n[h]; i++) k += e->head_keep[h][i];
+        most_kept = k > most_kept ? k : most_kept;
+    }
+    st = check_room(c, layer, most_kept, n_new);
+    if (st) return st;
     for (int h = 0; h < H; h++) vq_stream_keep(c, vq_stream_at(c, layer, h), e->head_keep[h]);
     return VQ_OK;
 }
