@@ -9,17 +9,25 @@
  * partial (max, sum, acc) for the reduction kernel (attend.cu).
  *
  * Scores, per 16 tokens: S^T = C^T Q' with mma.sync m16n8k16 (fp16 in,
- * fp32 accumulate): A = the key codes (exact in fp16 via the 0x6400 trick:
- * the half with bits 0x6400 | c is 1024 + c), B = Q'[c][n] = q_n,c *
- * scale_g,c (the key group's per-channel scale folded into q once per
- * group, as an fp16 hi + lo pair, so the scores keep about fp32 accuracy),
- * plus sum_c q_n,c zero_g,c in fp32. Values, per 16 tokens: O^T += V^T P
- * with A = the values dequantized in fp16 (code * scale + zero of the
- * token's channel group, one HFMA2 per two codes) and B = the
- * probabilities in fp16. The dot products run over the channels (keys) and
+ * fp32 accumulate): A = the key codes (exact in fp16: codes_h2), B = Q'[c][n]
+ * = q_n,c * scale_g,c (the key group's per-channel scale folded into q once
+ * per group, as an fp16 hi + lo pair built with half2 arithmetic from q's
+ * own hi + lo pair, so the scores keep about fp32 accuracy), plus
+ * sum_c q_n,c zero_g,c, one more mma per block (A = the zeros of the
+ * block's key groups, B = q hi and lo). Values, per 16 tokens and channel
+ * group g: O^T += C^T P'_g with A = the raw value codes and B = P'_g[t][n]
+ * = p_n,t * scale_t,g in fp16, plus sum_t p_n,t zero_t,g, one more mma per
+ * 16 tokens (A = the zeros, rows = channel groups), added to the group's
+ * channels at the merge. The dot products run over the channels (keys) and
  * tokens (values) in whatever order makes the packed bytes land in the mma
  * fragments cheaply; the B operands use the same order, so the sums are
  * the same.
+ *
+ * Precision: P'_g = fp16(fp16(p) * scale) rounds twice (the previous
+ * dequantized value rounded once, p once); p <= 1, so P'_g cannot overflow,
+ * and below fp16's normal range (p * scale < 6e-5) it keeps an absolute
+ * error of 3e-8, which only matters for caches whose value scales are
+ * themselves tiny.
  *
  * Fragment layout of m16n8k16 (lane = 4 i + j): A regs {row i, k 2j..2j+1},
  * {row i+8, k 2j..}, {row i, k 2j+8..}, {row i+8, k 2j+8..}; B regs {k 2j..
@@ -37,6 +45,14 @@
  * 32 lanes of both the writes (score layout) and the reads (value layout)
  * in 32 different banks (bt is a multiple of 32). */
 #define PS_PAD 20
+/* A warp's state per q row in the merge: max, sum, acc[D], the sums of
+ * p * zero per value channel group (at most 4 groups at d = 128). */
+#define ROW_W (2 + D + 4)
+/* q is scaled by 16 before its split into fp16 hi + lo (and the scores
+ * back after the mma): the lo terms, about 2^-11 of q * scale, then stay
+ * out of fp16's subnormal range for q * scale down to ~0.03, while
+ * q * scale * 16 stays finite up to 4094 (attention scale included). */
+#define Q_SCALE 16.0f
 
 static __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                 uint32_t b0, uint32_t b1) {
@@ -46,17 +62,22 @@ static __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* Two codes (bits of `mask` at both halves of x) as an exact half2. */
-static __device__ __forceinline__ uint32_t codes_h2(uint32_t x, uint32_t mask) {
-    uint32_t h = (x & mask) | 0x64006400u;
-    __half2 v = __hsub2(*(__half2 *)&h, __half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400)));
+/* Two codes of b bits at bit k of both halves of x (k + b <= 10: inside
+ * the fp16 mantissa) as an exact half2, without a shift: the half with
+ * exponent 25 - k and those mantissa bits is 2^(10-k) + code, and
+ * subtracting 2^(10-k) leaves the code. b and k are constants after
+ * unrolling, so this is one LOP3 and one HSUB2. */
+static __device__ __forceinline__ uint32_t codes_h2(uint32_t x, int b, int k) {
+    const uint32_t magic = (uint32_t)(25 - k) << 10, mask = ((1u << b) - 1) << k;
+    uint32_t h; /* (x & mask) | magic as one LOP3 (the compiler splits it in two) */
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(h) : "r"(x), "r"(mask | mask << 16), "r"(magic | magic << 16));
+    const __half m = __ushort_as_half((unsigned short)magic);
+    __half2 v = __hsub2(*(__half2 *)&h, __half2(m, m));
     return *(uint32_t *)&v;
 }
 
-/* Two value codes dequantized in fp16: code * scale + zero. */
-static __device__ __forceinline__ uint32_t values_h2(uint32_t x, uint32_t mask, uint32_t scale, uint32_t zero) {
-    uint32_t c = codes_h2(x, mask);
-    __half2 v = __hfma2(*(__half2 *)&c, *(__half2 *)&scale, *(__half2 *)&zero);
+static __device__ __forceinline__ uint32_t hmul2_u(uint32_t a, uint32_t b) {
+    __half2 v = __hmul2(*(__half2 *)&a, *(__half2 *)&b);
     return *(uint32_t *)&v;
 }
 
@@ -89,33 +110,43 @@ static __device__ __forceinline__ int value_channel(int T, int i, int hi) {
     return 32 * h + 4 * i + 2 * u + hi + (VB == 2 ? 32 : 64) * slot;
 }
 
-/* The 32 per-channel key parameters (fp16) lane group j needs, by
- * s * 4 + e (key_channel's order), read with 16-byte loads: its channels
- * are runs of 8 (2 bits) or 16 (4 bits) consecutive ones. */
+/* The per-channel key parameters (fp16) lane group j needs, as the half2
+ * pairs of the B fragments: out[s][0] = channels key_channel(j, s, 0..1),
+ * out[s][1] = key_channel(j, s, 2..3). Its channels are runs of 8 (2 bits)
+ * or 16 (4 bits) consecutive ones, read with 16-byte loads. */
 template <int KB>
-static __device__ __forceinline__ void load_key_meta(const uint16_t *m, int j, float (&out)[32]) {
+static __device__ __forceinline__ void load_key_pairs(const uint16_t *m, int j, uint32_t (&out)[8][2]) {
+    if (KB == 2) { /* run r = channels 8j + 32r + w; pairs (w, w + 4) */
+        uint4 x[4];
 #pragma unroll
-    for (int run = 0; run < (KB == 2 ? 4 : 2); run++) {
+        for (int r = 0; r < 4; r++) x[r] = *(const uint4 *)(m + 8 * j + 32 * r);
 #pragma unroll
-        for (int part = 0; part < (KB == 2 ? 1 : 2); part++) {
-            uint4 x = *(const uint4 *)(m + (KB == 2 ? 8 * j + 32 * run : 16 * j + 64 * run + 8 * part));
-            const uint32_t wv[4] = {x.x, x.y, x.z, x.w};
+        for (int s = 0; s < 8; s++) {
+            const int w = s >> 1;
+            const uint32_t sel = (w & 1) ? 0x7632 : 0x5410;
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float2 f = __half22float2(*(const __half2 *)&wv[k]);
+            for (int e = 0; e < 2; e++) {
+                const uint4 &v = x[(s & 1) * 2 + e];
+                const uint32_t lo = (w >> 1) ? v.y : v.x, hi = (w >> 1) ? v.w : v.z;
+                out[s][e] = __byte_perm(lo, hi, sel);
+            }
+        }
+    } else { /* run r = channels 16j + 64r + w; pairs (w, w + 8) */
+        uint4 x[2][2];
 #pragma unroll
-                for (int hlf = 0; hlf < 2; hlf++) {
-                    int w = (KB == 2 ? 0 : 8 * part) + 2 * k + hlf; /* index inside the run */
-                    int s_, e_;
-                    if (KB == 2) {
-                        s_ = 2 * (w & 3) + (run >> 1);
-                        e_ = (w >> 2) + 2 * (run & 1);
-                    } else {
-                        s_ = w & 7;
-                        e_ = (w >> 3) + 2 * run;
-                    }
-                    out[s_ * 4 + e_] = hlf ? f.y : f.x;
-                }
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int part = 0; part < 2; part++) x[r][part] = *(const uint4 *)(m + 16 * j + 64 * r + 8 * part);
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            const uint32_t sel = (s & 1) ? 0x7632 : 0x5410;
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const uint4 &v0 = x[e][0], &v1 = x[e][1];
+                const int wd = s >> 1;
+                const uint32_t lo = wd == 0 ? v0.x : wd == 1 ? v0.y : wd == 2 ? v0.z : v0.w;
+                const uint32_t hi = wd == 0 ? v1.x : wd == 1 ? v1.y : wd == 2 ? v1.z : v1.w;
+                out[s][e] = __byte_perm(lo, hi, sel);
             }
         }
     }
@@ -123,6 +154,7 @@ static __device__ __forceinline__ void load_key_meta(const uint16_t *m, int j, f
 
 template <int KB, int VB, int GV>
 __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_constant__ vq_cu_attn P) {
+    constexpr int NG = D / GV; /* value channel groups */
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i = lane >> 2, j = lane & 3;
     const int h = blockIdx.y, seq = blockIdx.z, part = blockIdx.x;
@@ -135,16 +167,24 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     const int b0 = part * P.part_blocks, b1 = min(b0 + P.part_blocks, n_blocks);
     uint8_t *const *table = S.table + (size_t)h * P.max_blocks;
 
-    /* q of row n = i (zero past the group), scaled for exp2 */
-    const float qs = P.scale * 1.4426950408889634f;
-    float qf[32];
+    /* q of row n = i (zero past the group), scaled for exp2 and by
+     * Q_SCALE, as an fp16 hi + lo pair in the B fragment layout */
+    const float qs = P.scale * 1.4426950408889634f * Q_SCALE;
+    uint32_t qh[8][2], ql[8][2];
     const int g = P.g;
 #pragma unroll
     for (int s = 0; s < 8; s++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int c = key_channel<KB>(j, s, e);
-            qf[s * 4 + e] = i < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + i) * D + c] * qs : 0.0f;
+        for (int e = 0; e < 2; e++) {
+            float v[2];
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                int c = key_channel<KB>(j, s, 2 * e + x);
+                v[x] = i < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + i) * D + c] * qs : 0.0f;
+            }
+            qh[s][e] = pack_h2(v[0], v[1]);
+            float2 hf = __half22float2(*(const __half2 *)&qh[s][e]);
+            ql[s][e] = pack_h2(v[0] - hf.x, v[1] - hf.y);
         }
     const int32_t qpos = vq_cu_has_qpos(P) ? vq_cu_qpos_at(P, seq) : INT32_MAX;
 
@@ -152,6 +192,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     float acc[8][4];
 #pragma unroll
     for (int T = 0; T < 8; T++) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0;
+    /* sum_t p_t zero_t,g: {row i = group i, col 2j, 2j + 1}; rows i + 8 stay 0 */
+    float zacc[4] = {0, 0, 0, 0};
 
     const int GK = P.mk.group;
     const int kcb = KB * D / 8, vcb = VB * D / 8;
@@ -184,40 +226,51 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
          * group: groups are multiples of 32 tokens); at most 4 tiles */
         float sc[MAX_BT / 16][4];
         uint32_t bqh[8][2], bql[8][2]; /* Q' = hi + lo, two fp16 terms: fp32-like accuracy */
+        /* sum_c q_n,c zero_g,c of the block's key groups g on the tensor
+         * cores: A row i = the zeros of group i (rows past the groups
+         * repeat one; never read), B = q hi and lo; lane (g, j) ends with
+         * the sums of q rows 2j, 2j + 1 */
+        float qzc[4] = {0, 0, 0, 0};
+        {
+            float qzl[4] = {0, 0, 0, 0};
+            uint32_t zp[8][2];
+            load_key_pairs<KB>(kmeta + (size_t)(i % ((bt + GK - 1) / GK)) * 2 * D + D, j, zp);
+#pragma unroll
+            for (int s = 0; s < 8; s++) {
+                mma16816(qzc, zp[s][0], 0u, zp[s][1], 0u, qh[s][0], qh[s][1]);
+                mma16816(qzl, zp[s][0], 0u, zp[s][1], 0u, ql[s][0], ql[s][1]);
+            }
+            qzc[0] += qzl[0];
+            qzc[1] += qzl[1];
+        }
         float qz0 = 0, qz1 = 0;
 #pragma unroll
         for (int tp = 0; tp < MAX_BT / 32; tp++) {
             if (tp * 32 >= bt) break;
             const int t0 = tp * 32;
             if (t0 % GK == 0) { /* a new key group: fold its scales into q */
-                const uint16_t *ksc = kmeta + (size_t)(t0 / GK) * 2 * D, *kz = ksc + D;
-                float sf[32], zf[32]; /* by s * 4 + e */
-                load_key_meta<KB>(ksc, j, sf);
-                load_key_meta<KB>(kz, j, zf);
-                float qz = 0;
+                /* Q' = q * scale in fp16 hi + lo: hi = q_hi * scale rounded,
+                 * the product's exact remainder q_hi * scale - hi (an fma,
+                 * exact in fp16), plus q_lo * scale */
+                uint32_t sp[8][2];
+                load_key_pairs<KB>(kmeta + (size_t)(t0 / GK) * 2 * D, j, sp);
 #pragma unroll
-                for (int s = 0; s < 8; s++) {
-                    float v[4], lo[4];
+                for (int s = 0; s < 8; s++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        v[e] = qf[s * 4 + e] * sf[s * 4 + e];
-                        qz += qf[s * 4 + e] * zf[s * 4 + e];
+                    for (int e = 0; e < 2; e++) {
+                        const __half2 a = *(const __half2 *)&qh[s][e], al = *(const __half2 *)&ql[s][e];
+                        const __half2 sc2 = *(const __half2 *)&sp[s][e];
+                        const __half2 hi = __hmul2(a, sc2);
+                        const __half2 lo = __hfma2(al, sc2, __hfma2(a, sc2, __hneg2(hi)));
+                        bqh[s][e] = *(const uint32_t *)&hi;
+                        bql[s][e] = *(const uint32_t *)&lo;
                     }
-                    bqh[s][0] = pack_h2(v[0], v[1]);
-                    bqh[s][1] = pack_h2(v[2], v[3]);
-                    float2 h01 = __half22float2(*(const __half2 *)&bqh[s][0]);
-                    float2 h23 = __half22float2(*(const __half2 *)&bqh[s][1]);
-                    lo[0] = v[0] - h01.x, lo[1] = v[1] - h01.y, lo[2] = v[2] - h23.x, lo[3] = v[3] - h23.y;
-                    bql[s][0] = pack_h2(lo[0], lo[1]);
-                    bql[s][1] = pack_h2(lo[2], lo[3]);
-                }
-                qz += __shfl_xor_sync(0xffffffffu, qz, 1);
-                qz += __shfl_xor_sync(0xffffffffu, qz, 2);
-                qz0 = __shfl_sync(0xffffffffu, qz, (2 * j) * 4);
-                qz1 = __shfl_sync(0xffffffffu, qz, (2 * j + 1) * 4);
+                qz0 = __shfl_sync(0xffffffffu, qzc[0], 4 * (t0 / GK) + j);
+                qz1 = __shfl_sync(0xffffffffu, qzc[1], 4 * (t0 / GK) + j);
             }
-            /* four accumulators (2 tiles x hi/lo) keep four mma chains in flight */
-            float ch[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, cl[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+            /* four accumulators (2 tiles x hi/lo) keep four mma chains in
+             * flight; the hi chain starts at the zero sum */
+            float ch[2][4] = {{qz0, qz1, qz0, qz1}, {qz0, qz1, qz0, qz1}}, cl[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
             if (KB == 2) {
                 uint2 x[2][2];
 #pragma unroll
@@ -231,10 +284,12 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                     uint32_t sel = sp | (sp << 4) | ((4 + sp) << 8) | ((4 + sp) << 12);
 #pragma unroll
                     for (int tt = 0; tt < 2; tt++) {
-                        uint32_t p0 = __byte_perm(x[tt][0].x, x[tt][0].y, sel) >> sh;
-                        uint32_t p1 = __byte_perm(x[tt][1].x, x[tt][1].y, sel) >> sh;
-                        uint32_t a0 = codes_h2(p0, 0x00030003u), a1 = codes_h2(p1, 0x00030003u);
-                        uint32_t a2 = codes_h2(p0 >> 2, 0x00030003u), a3 = codes_h2(p1 >> 2, 0x00030003u);
+                        uint32_t p0 = __byte_perm(x[tt][0].x, x[tt][0].y, sel);
+                        uint32_t p1 = __byte_perm(x[tt][1].x, x[tt][1].y, sel);
+                        uint32_t a0 = codes_h2(p0, 2, sh);
+                        uint32_t a1 = codes_h2(p1, 2, sh);
+                        uint32_t a2 = codes_h2(p0, 2, sh + 2);
+                        uint32_t a3 = codes_h2(p1, 2, sh + 2);
                         mma16816(ch[tt], a0, a1, a2, a3, bqh[s][0], bqh[s][1]);
                         mma16816(cl[tt], a0, a1, a2, a3, bql[s][0], bql[s][1]);
                     }
@@ -255,8 +310,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                         const uint4 &r0 = x[tt][0], &r1 = x[tt][1];
                         uint32_t p0 = s < 4 ? __byte_perm(r0.x, r0.z, sel) : __byte_perm(r0.y, r0.w, sel);
                         uint32_t p1 = s < 4 ? __byte_perm(r1.x, r1.z, sel) : __byte_perm(r1.y, r1.w, sel);
-                        uint32_t a0 = codes_h2(p0, 0x000F000Fu), a1 = codes_h2(p1, 0x000F000Fu);
-                        uint32_t a2 = codes_h2(p0 >> 4, 0x000F000Fu), a3 = codes_h2(p1 >> 4, 0x000F000Fu);
+                        uint32_t a0 = codes_h2(p0, 4, 0), a1 = codes_h2(p1, 4, 0);
+                        uint32_t a2 = codes_h2(p0, 4, 4), a3 = codes_h2(p1, 4, 4);
                         mma16816(ch[tt], a0, a1, a2, a3, bqh[s][0], bqh[s][1]);
                         mma16816(cl[tt], a0, a1, a2, a3, bql[s][0], bql[s][1]);
                     }
@@ -267,10 +322,10 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 const int t16 = tp * 2 + tt;
                 int ta = t0 + 16 * tt + i, tb = ta + 8;
                 bool va = ta < n && kpos[ta] <= qpos, vb = tb < n && kpos[tb] <= qpos;
-                sc[t16][0] = va ? ch[tt][0] + cl[tt][0] + qz0 : -INFINITY;
-                sc[t16][1] = va ? ch[tt][1] + cl[tt][1] + qz1 : -INFINITY;
-                sc[t16][2] = vb ? ch[tt][2] + cl[tt][2] + qz0 : -INFINITY;
-                sc[t16][3] = vb ? ch[tt][3] + cl[tt][3] + qz1 : -INFINITY;
+                sc[t16][0] = va ? (ch[tt][0] + cl[tt][0]) * (1.0f / Q_SCALE) : -INFINITY;
+                sc[t16][1] = va ? (ch[tt][1] + cl[tt][1]) * (1.0f / Q_SCALE) : -INFINITY;
+                sc[t16][2] = vb ? (ch[tt][2] + cl[tt][2]) * (1.0f / Q_SCALE) : -INFINITY;
+                sc[t16][3] = vb ? (ch[tt][3] + cl[tt][3]) * (1.0f / Q_SCALE) : -INFINITY;
                 mx[0] = fmaxf(mx[0], fmaxf(sc[t16][0], sc[t16][2]));
                 mx[1] = fmaxf(mx[1], fmaxf(sc[t16][1], sc[t16][3]));
             }
@@ -303,58 +358,74 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             acc[T][2] *= alpha[0];
             acc[T][3] *= alpha[1];
         }
+        zacc[0] *= alpha[0];
+        zacc[1] *= alpha[1];
         __syncwarp();
-        /* values: 16 tokens per k-step; lane group j takes tokens 4j + ((q + j) & 3) */
-        for (int t0 = 0; t0 < bt; t0 += 16) {
+        /* values, 16 tokens per k-step; lane group j takes tokens
+         * 4j + ((q + j) & 3) (the rotation puts the code loads of the four
+         * lane groups in different banks). Per channel group, O^T += C^T P'
+         * with A = the raw codes (exact halves) and B = P' = p * scale, the
+         * token's scale of the group folded into its probability; the
+         * zeros add sum_t p_t zero_t,g to the group's channels, one more
+         * mma per k-step with rows = channel groups, A = the zeros, B = p.
+         * Padding tokens (past n) have p = 0; their scales and zeros are
+         * masked to 0 as well, whatever their bytes hold. */
+#pragma unroll
+        for (int t0 = 0; t0 < MAX_BT; t0 += 16) {
+            if (t0 >= bt) break;
             int tq[4];
 #pragma unroll
             for (int q = 0; q < 4; q++) tq[q] = t0 + 4 * j + ((q + j) & 3);
-            /* B = the probabilities; A = the values dequantized to fp16,
-             * code * scale + zero with the token's scale and zero of the
-             * tile's channel group (padding tokens: p = 0 and scale = zero
-             * = 0, whatever their bytes hold) */
             float p[4];
-            uint32_t mw[4][4]; /* [q][group]: (scale, zero) as two halves */
+            uint32_t mw[4][NG]; /* [q][group]: (scale, zero) as two halves */
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                bool ok = tq[q] < n;
-                p[q] = ok ? ps[i * pst + tq[q]] : 0.0f;
-                const uint32_t *mp = (const uint32_t *)(vmeta + (size_t)tq[q] * (D / GV) * 2);
-                mw[q][0] = mw[q][1] = mw[q][2] = mw[q][3] = 0;
-                if (GV == 32) {
+                p[q] = ps[i * pst + tq[q]];
+                const uint32_t *mp = (const uint32_t *)(vmeta + (size_t)tq[q] * NG * 2);
+                if constexpr (NG == 4) {
                     uint4 x = *(const uint4 *)mp;
                     mw[q][0] = x.x, mw[q][1] = x.y, mw[q][2] = x.z, mw[q][3] = x.w;
-                } else if (GV == 64) {
+                } else if constexpr (NG == 2) {
                     uint2 x = *(const uint2 *)mp;
                     mw[q][0] = x.x, mw[q][1] = x.y;
                 } else {
                     mw[q][0] = *mp;
                 }
-                if (!ok) mw[q][0] = mw[q][1] = mw[q][2] = mw[q][3] = 0;
             }
+            const uint32_t ok01 = (tq[0] < n ? 0xffffu : 0u) | (tq[1] < n ? 0xffff0000u : 0u);
+            const uint32_t ok23 = (tq[2] < n ? 0xffffu : 0u) | (tq[3] < n ? 0xffff0000u : 0u);
             const uint32_t bp0 = pack_h2(p[0], p[1]), bp1 = pack_h2(p[2], p[3]);
+            uint32_t bs[NG][2];
+#pragma unroll
+            for (int gr = 0; gr < NG; gr++) {
+                bs[gr][0] = hmul2_u(bp0, __byte_perm(mw[0][gr], mw[1][gr], 0x5410)) & ok01;
+                bs[gr][1] = hmul2_u(bp1, __byte_perm(mw[2][gr], mw[3][gr], 0x5410)) & ok23;
+            }
+            { /* zeros: A row i = group i (rows past the groups repeat one; their sums are never read) */
+                const uint16_t *zp = vmeta + 2 * (i % NG) + 1;
+                uint32_t z01 = (uint32_t)zp[tq[0] * NG * 2] | (uint32_t)zp[tq[1] * NG * 2] << 16;
+                uint32_t z23 = (uint32_t)zp[tq[2] * NG * 2] | (uint32_t)zp[tq[3] * NG * 2] << 16;
+                mma16816(zacc, z01 & ok01, 0u, z23 & ok23, 0u, bp0, bp1);
+            }
 #pragma unroll
             for (int hh = 0; hh < (VB == 4 ? 2 : 1); hh++) {
                 uint32_t w[4];
 #pragma unroll
                 for (int q = 0; q < 4; q++) w[q] = *(const uint32_t *)(vblk + (size_t)tq[q] * vcb + 4 * (i + 8 * hh));
 #pragma unroll
-                for (int slot = 0; slot < 8 / VB; slot++) {
-                    const int gr = (32 * hh + (VB == 2 ? 32 : 64) * slot) / GV;
-                    const uint32_t s01 = __byte_perm(mw[0][gr], mw[1][gr], 0x5410);
-                    const uint32_t z01 = __byte_perm(mw[0][gr], mw[1][gr], 0x7632);
-                    const uint32_t s23 = __byte_perm(mw[2][gr], mw[3][gr], 0x5410);
-                    const uint32_t z23 = __byte_perm(mw[2][gr], mw[3][gr], 0x7632);
+                for (int u = 0; u < 2; u++) {
+                    /* byte 2u (channel 4i + 2u) and byte 2u + 1 (channel +1, the
+                     * A rows i + 8) of two tokens, in the low byte of each half */
+                    const uint32_t lo = (2 * u) | ((4 + 2 * u) << 8), hi = (2 * u + 1) | ((5 + 2 * u) << 8);
+                    const uint32_t y01 = __byte_perm(w[0], w[1], lo), y01h = __byte_perm(w[0], w[1], hi);
+                    const uint32_t y23 = __byte_perm(w[2], w[3], lo), y23h = __byte_perm(w[2], w[3], hi);
 #pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        uint32_t sel = (2 * u) | ((2 * u + 1) << 4) | ((4 + 2 * u) << 8) | ((5 + 2 * u) << 12);
-                        uint32_t y01 = __byte_perm(w[0], w[1], sel), y23 = __byte_perm(w[2], w[3], sel);
+                    for (int slot = 0; slot < 8 / VB; slot++) {
+                        const int gr = (32 * hh + (VB == 2 ? 32 : 64) * slot) / GV;
                         const int T = VB == 4 ? slot * 4 + hh * 2 + u : slot * 2 + u;
-                        const uint32_t mask = VB == 2 ? 0x00030003u : 0x000F000Fu;
-                        const int sh = VB * slot;
-                        mma16816(acc[T], values_h2(y01 >> sh, mask, s01, z01), values_h2(y01 >> (8 + sh), mask, s01, z01),
-                                 values_h2(y23 >> sh, mask, s23, z23), values_h2(y23 >> (8 + sh), mask, s23, z23), bp0,
-                                 bp1);
+                        const int k = VB * slot;
+                        mma16816(acc[T], codes_h2(y01, VB, k), codes_h2(y01h, VB, k), codes_h2(y23, VB, k),
+                                 codes_h2(y23h, VB, k), bs[gr][0], bs[gr][1]);
                     }
                 }
             }
@@ -368,16 +439,17 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     for (int r = 0; r < 2; r++)
         for (int o = 4; o < 32; o *= 2) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o);
     __syncwarp();
-    float *mine = (float *)stage0; /* [8 rows][2 + D]: max (log2 units), sum, acc */
+    float *mine = (float *)stage0; /* [8 rows][ROW_W]: max (log2 units), sum, acc, zero sums */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = 2 * j + r;
         if (row >= g) continue;
-        float *o = mine + (size_t)row * (2 + D);
+        float *o = mine + (size_t)row * ROW_W;
         if (i == 0) {
             o[0] = m[r];
             o[1] = l[r];
         }
+        if (i < NG) o[2 + D + i] = zacc[r];
 #pragma unroll
         for (int T = 0; T < 8; T++) {
             int c0 = value_channel<VB>(T, i, 0), c1 = value_channel<VB>(T, i, 1);
@@ -392,14 +464,14 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         const int row = idx / D, c = idx % D;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < WARPS; w++) M = fmaxf(M, ((const float *)(smem + w * warp_bytes))[row * (2 + D)]);
+        for (int w = 0; w < WARPS; w++) M = fmaxf(M, ((const float *)(smem + w * warp_bytes))[row * ROW_W]);
         float L = 0, A = 0;
 #pragma unroll
         for (int w = 0; w < WARPS; w++) {
-            const float *o = (const float *)(smem + w * warp_bytes) + row * (2 + D);
+            const float *o = (const float *)(smem + w * warp_bytes) + row * ROW_W;
             const float f = o[0] == -INFINITY ? 0.0f : exp2f(o[0] - M);
             L += o[1] * f;
-            A += o[2 + c] * f;
+            A += (o[2 + c] + o[2 + D + c / GV]) * f;
         }
         float *po = out + (size_t)row * P.part_w;
         if (c == 0) {
@@ -418,7 +490,7 @@ bool vq_cu_kivi_fast_ok(const vq_cu_attn *P) {
     return P->mk.kind == VQ_CU_KIVI && P->mv.kind == VQ_CU_KIVI && (P->mk.bits == 2 || P->mk.bits == 4) &&
            (P->mv.bits == 2 || P->mv.bits == 4) && P->d == D && P->n_q == 1 && P->g <= 8 && P->bt % 32 == 0 &&
            P->bt <= MAX_BT && smem_bytes(P) <= SMEM_LIMIT &&
-           STAGES * P->block_bytes >= 8 * (2 + D) * sizeof(float); /* room for the merge */
+           STAGES * P->block_bytes >= 8 * ROW_W * sizeof(float); /* room for the merge */
 }
 
 template <int KB, int VB, int GV>
