@@ -54,13 +54,16 @@ static pair make_pair(const char *spec, int hq, int hkv, int d, int64_t cap, int
     return p;
 }
 
-/* Appends the same n tokens to both caches of a pair, in `pieces` calls. */
-static void append_both(pair *p, int layer, int n, int pieces, vq_dtype dt, vq_rng *r, int with_pos) {
+/* Appends the same n tokens to both caches of a pair, in `pieces` calls;
+ * keys and values are standard normal times kscale and vscale. */
+static void append_scaled(pair *p, int layer, int n, int pieces, vq_dtype dt, vq_rng *r, int with_pos, float kscale,
+                          float vscale) {
     int H = p->cpu->cfg.n_heads_kv, d = p->cpu->cfg.head_dim;
     size_t rows = (size_t)n * H * d;
     float *k = malloc(rows * 4), *v = malloc(rows * 4);
     fill(k, rows, r);
     fill(v, rows, r);
+    for (size_t i = 0; i < rows; i++) k[i] *= kscale, v[i] *= vscale;
     void *kh = as_dtype(k, rows, dt), *vh = as_dtype(v, rows, dt);
     size_t es = vq_dtype_size(dt);
     void *kd = to_device(kh, rows * es), *vd = to_device(vh, rows * es);
@@ -83,6 +86,10 @@ static void append_both(pair *p, int layer, int n, int pieces, vq_dtype dt, vq_r
     cudaFree(kd);
     cudaFree(vd);
     free(k), free(v), free(kh), free(vh), free(pos);
+}
+
+static void append_both(pair *p, int layer, int n, int pieces, vq_dtype dt, vq_rng *r, int with_pos) {
+    append_scaled(p, layer, n, pieces, dt, r, with_pos, 1.0f, 1.0f);
 }
 
 /* Compares the GPU cache's bytes with the CPU cache's. Returns the number
@@ -226,6 +233,23 @@ static void test_batch(const char *spec, vq_rng *r) {
     for (int i = 0; i < 3; i++) free_pair(&p[i]);
 }
 
+/* The KIVI decode kernel folds the value scales into the fp16
+ * probabilities and the key scales into an fp16 hi + lo q: tiny values
+ * (p * scale below fp16's normal range without the kernel's per-block
+ * power of two), large values and larger keys must keep the parity too. */
+static void test_scaled(const char *spec, float kscale, float vscale, vq_rng *r) {
+    pair p = make_pair(spec, 32, 8, 128, 4096, 1);
+    if (!p.gpu || !p.cpu) {
+        free_pair(&p);
+        return;
+    }
+    append_scaled(&p, 0, 1500, 2, VQ_F32, r, 0, kscale, vscale);
+    double e = attend_err(&p.gpu, 1, 0, 1, 0, 0, VQ_F32, r);
+    CHECK(e < 1e-3, "%s: keys x %g, values x %g: relative error %.2e", spec, kscale, vscale, e);
+    printf("%s: keys x %g, values x %g: decode %.1e\n", spec, kscale, vscale, e);
+    free_pair(&p);
+}
+
 static void test_errors(vq_rng *r) {
     vq_cache_config cfg = {.n_layers = 1, .n_heads_q = 4, .n_heads_kv = 1, .head_dim = 128, .kv_spec = "kivi",
                            .device = VQ_DEVICE_CUDA};
@@ -309,6 +333,11 @@ int main(int argc, char **argv) {
     test_batch("kivi:bits=2", &r);
     test_batch("fp16", &r);
     test_batch("tq-mse:bits=4", &r);
+    test_scaled("kivi:bits=2", 1.0f, 1e-3f, &r);
+    test_scaled("kivi:bits=4", 1.0f, 1e-3f, &r);
+    test_scaled("kivi:bits=4,group=64", 1.0f, 1e-5f, &r);
+    test_scaled("kivi:bits=2", 5.0f, 1.0f, &r);
+    test_scaled("kivi:bits=4,group=64", 0.01f, 100.0f, &r);
     test_errors(&r);
     return check_done();
 }

@@ -23,11 +23,11 @@
  * fragments cheaply; the B operands use the same order, so the sums are
  * the same.
  *
- * Precision: P'_g = fp16(fp16(p) * scale) rounds twice (the previous
- * dequantized value rounded once, p once); p <= 1, so P'_g cannot overflow,
- * and below fp16's normal range (p * scale < 6e-5) it keeps an absolute
- * error of 3e-8, which only matters for caches whose value scales are
- * themselves tiny.
+ * Precision: P'_g = fp16(fp16(p) * scale) rounds twice, like the
+ * dequantized value and p did before; the block's p are taken times a
+ * power of two 2^eb (value_exponent; the softmax sums carry the same
+ * unit) that keeps P'_g finite and out of fp16's subnormal range whatever
+ * the scale of the values.
  *
  * Fragment layout of m16n8k16 (lane = 4 i + j): A regs {row i, k 2j..2j+1},
  * {row i+8, k 2j..}, {row i, k 2j+8..}, {row i+8, k 2j+8..}; B regs {k 2j..
@@ -152,6 +152,36 @@ static __device__ __forceinline__ void load_key_pairs(const uint16_t *m, int j, 
     }
 }
 
+/* The power of two 2^eb that a block's probabilities are scaled by (p
+ * <= 2^eb): the block's largest value scale (tokens [0, n)) times 2^eb
+ * stays below 2^15, so P' = p * scale cannot overflow fp16, and small
+ * scales are lifted out of its subnormal range (unscaled, p * scale for
+ * 4-bit values of scale ~4e-4 missed the 1e-3 parity); eb is at most 15,
+ * so that p, the B operand of the zeros' mma, stays finite too. Scales
+ * are non-negative halves: the largest is the largest bit pattern. */
+template <int NG>
+static __device__ __forceinline__ int value_exponent(const uint16_t *vmeta, int n, int bt, int lane) {
+    uint32_t mx = 0; /* per half: the low halves are the scales */
+#pragma unroll
+    for (int x = 0; x < MAX_BT / 32; x++) {
+        const int t = lane + 32 * x;
+        const uint32_t *mp = (const uint32_t *)(vmeta + (size_t)min(t, bt - 1) * NG * 2); /* inside the block */
+        uint32_t v;
+        if constexpr (NG == 4) {
+            const uint4 w = *(const uint4 *)mp;
+            v = __vmaxu2(__vmaxu2(w.x, w.y), __vmaxu2(w.z, w.w));
+        } else if constexpr (NG == 2) {
+            const uint2 w = *(const uint2 *)mp;
+            v = __vmaxu2(w.x, w.y);
+        } else {
+            v = *mp;
+        }
+        mx = t < n ? __vmaxu2(mx, v) : mx;
+    }
+    mx = __reduce_max_sync(0xffffffffu, mx & 0xffffu);
+    return min(29 - (int)(mx >> 10), 15); /* scale < 2^(e - 14), e = the biased exponent */
+}
+
 template <int KB, int VB, int GV>
 __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_constant__ vq_cu_attn P) {
     constexpr int NG = D / GV; /* value channel groups */
@@ -194,6 +224,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     for (int T = 0; T < 8; T++) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0;
     /* sum_t p_t zero_t,g: {row i = group i, col 2j, 2j + 1}; rows i + 8 stay 0 */
     float zacc[4] = {0, 0, 0, 0};
+    /* acc and zacc hold their sums times 2^e_run (see value_exponent) */
+    int e_run = 0;
 
     const int GK = P.mk.group;
     const int kcb = KB * D / 8, vcb = VB * D / 8;
@@ -330,14 +362,21 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 mx[1] = fmaxf(mx[1], fmaxf(sc[t16][1], sc[t16][3]));
             }
         }
-        /* online softmax: rows 2j, 2j+1 over the block */
-        float alpha[2];
+        /* online softmax: rows 2j, 2j+1 over the block. This block's p
+         * are taken times 2^eb (value_exponent), so l, acc and zacc move
+         * from the unit 2^e_run to 2^eb (exact: powers of two,
+         * |eb - e_run| <= 17) */
+        const int eb = value_exponent<NG>(vmeta, n, bt, lane);
+        const float fs = __int_as_float((127 + eb - e_run) << 23);
+        e_run = eb;
+        float alpha[2], mb[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             for (int o = 4; o < 32; o *= 2) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o));
             float mnew = fmaxf(m[r], mx[r]);
-            alpha[r] = m[r] == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f) : exp2f(m[r] - mnew);
+            alpha[r] = (m[r] == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f) : exp2f(m[r] - mnew)) * fs;
             m[r] = mnew;
+            mb[r] = mnew - (float)eb;
             l[r] *= alpha[r];
         }
 #pragma unroll
@@ -346,7 +385,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 #pragma unroll
             for (int x = 0; x < 4; x++) {
                 int r = x & 1;
-                float p = m[r] == -INFINITY ? 0.0f : exp2f(sc[t16][x] - m[r]);
+                float p = m[r] == -INFINITY ? 0.0f : exp2f(sc[t16][x] - mb[r]);
                 l[r] += p;
                 ps[(2 * j + r) * pst + t16 * 16 + i + (x >> 1) * 8] = p;
             }
@@ -440,6 +479,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         for (int o = 4; o < 32; o *= 2) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o);
     __syncwarp();
     float *mine = (float *)stage0; /* [8 rows][ROW_W]: max (log2 units), sum, acc, zero sums */
+    const float unit = __int_as_float((127 - e_run) << 23); /* 2^-e_run */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = 2 * j + r;
@@ -447,14 +487,14 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         float *o = mine + (size_t)row * ROW_W;
         if (i == 0) {
             o[0] = m[r];
-            o[1] = l[r];
+            o[1] = l[r] * unit;
         }
-        if (i < NG) o[2 + D + i] = zacc[r];
+        if (i < NG) o[2 + D + i] = zacc[r] * unit;
 #pragma unroll
         for (int T = 0; T < 8; T++) {
             int c0 = value_channel<VB>(T, i, 0), c1 = value_channel<VB>(T, i, 1);
-            o[2 + c0] = acc[T][r];
-            o[2 + c1] = acc[T][2 + r];
+            o[2 + c0] = acc[T][r] * unit;
+            o[2 + c1] = acc[T][2 + r] * unit;
         }
     }
     __syncthreads();
