@@ -262,7 +262,12 @@ static float prep_weights(const float *wr, const float *sT, const float *zT, int
             mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(sT + g * CHUNK + t)));
     float m = hmax8(mx); /* weights are >= 0, scales too */
     float deq = m / 32767.0f;
-    __m256 inv = _mm256_set1_ps(m > 0 ? 32767.0f / m : 0.0f), corr = _mm256_set1_ps(-0.5f * (float)cmax * deq);
+    /* A chunk whose largest weight is below 1e-30 (a sharp softmax: its
+     * tokens sit 69+ nats under the running maximum, whose own weight is
+     * 1) adds nothing an fp32 output can hold. 32767 / m overflows to inf
+     * below 32767 / FLT_MAX ~ 1e-34 and turns zero weights into NaN
+     * (0 * inf), so such a chunk gets zero int16 weights. */
+    __m256 inv = _mm256_set1_ps(m > 1e-30f ? 32767.0f / m : 0.0f), corr = _mm256_set1_ps(-0.5f * (float)cmax * deq);
     for (int g = 0; g < ng; g++) {
         __m256 err = _mm256_setzero_ps(), zw = zv[g]; /* sum_t (w16_t - W_t * inv), sum_t w_t zT */
         for (int t = 0; t < CHUNK; t += 16) {
