@@ -5,6 +5,8 @@
  *
  *   bench_cuda [--quick] [--shape=BATCH,SEQ] [SPEC_SUBSTRING]
  *
+ * (--shape=1,1, no shape of the table, times the appends alone.)
+ *
  * Prints a table: spec, batch, seq, median us (min..max), packed MB read,
  * GB/s on the packed bytes, % of the copy bandwidth. */
 #include "veloxquant.h"
@@ -16,6 +18,7 @@
 
 #define L2_BYTES (60.0 * (1 << 20))
 #define REPS 15
+#define BUSY_BYTES ((size_t)512 << 20) /* a copy of ~0.25 ms that hides the host's issue time */
 
 static void die(const char *what) {
     fprintf(stderr, "bench_cuda: %s: %s\n", what, vq_last_error());
@@ -89,9 +92,15 @@ int main(int argc, char **argv) {
     const char *specs[] = {"fp16", "kivi:bits=2", "kivi:bits=4", "tq-mse:bits=4"};
     const int shapes[][2] = {{1, 4096}, {1, 32768}, {1, 131072}, {8, 16384}, {8, 32768}, {8, 131072}, {32, 16384}};
     int n_shapes = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
-    int max_seq = 131072;
+    int max_seq = 8192; /* the appends' tokens; more for the decode shapes that run */
+    for (int shp = 0; shp < n_shapes; shp++)
+        if ((!one_b || (shapes[shp][0] == one_b && shapes[shp][1] == one_s)) && shapes[shp][1] > max_seq)
+            max_seq = shapes[shp][1];
     void *kin = random_rows((size_t)max_seq * HKV * D, 1), *vin = random_rows((size_t)max_seq * HKV * D, 2);
     if (!kin || !vin) die("input rows");
+    void *busy[2] = {NULL, NULL};
+    if (cudaMalloc(&busy[0], BUSY_BYTES) != cudaSuccess || cudaMalloc(&busy[1], BUSY_BYTES) != cudaSuccess)
+        die("busy buffers");
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
@@ -147,29 +156,64 @@ int main(int argc, char **argv) {
             cudaFree(q);
             cudaFree(out);
         }
-        /* append throughput: 8192 new tokens into an empty cache */
+        /* append throughput: 8192 new tokens into an empty cache (its blocks
+         * stay assigned across vq_cache_reset, so no allocation is timed).
+         * "GPU": the events start behind a copy that keeps the GPU busy while
+         * the host issues the call, so they time the kernel alone; "from
+         * idle": the events start on an idle GPU, so the host's work before
+         * the launch counts too. */
         int n = 8192;
         vq_cache_config cfg = {.n_layers = 1, .n_heads_q = HQ, .n_heads_kv = HKV, .head_dim = D,
                                .kv_spec = specs[si], .capacity = n, .device = VQ_DEVICE_CUDA};
         vq_cache *c = NULL;
         if (vq_cache_create(&cfg, &c)) die("create");
-        float t[REPS];
+        float t[REPS], ti[REPS], th[REPS];
         for (int rep = 0; rep < REPS; rep++) {
             vq_cache_reset(c);
+            cudaMemcpyAsync(busy[1], busy[0], BUSY_BYTES, cudaMemcpyDeviceToDevice, 0);
             cudaEventRecord(e0, 0);
             if (vq_cache_append(c, 0, n, kin, vin, VQ_F16, NULL)) die("append");
             cudaEventRecord(e1, 0);
             t[rep] = elapsed(e0, e1) * 1000;
+            vq_cache_reset(c);
+            cudaEventRecord(e0, 0);
+            double h0 = vq_time_now() * 1e6;
+            if (vq_cache_append(c, 0, n, kin, vin, VQ_F16, NULL)) die("append");
+            th[rep] = (float)(vq_time_now() * 1e6 - h0);
+            cudaEventRecord(e1, 0);
+            ti[rep] = elapsed(e0, e1) * 1000;
         }
         if (vq_cuda_synchronize()) die("append (asynchronous)");
         qsort(t, REPS, sizeof *t, cmp_f);
+        qsort(ti, REPS, sizeof *ti, cmp_f);
+        qsort(th, REPS, sizeof *th, cmp_f);
         double bytes = (double)n * HKV * D * 2 * 2 + (double)vq_cache_bytes(c);
         double gbps = bytes / (t[REPS / 2] * 1e-6) / 1e9;
-        printf("%-16s append %d tokens: %.1f us (min %.1f), %.0f GB/s in+out, %.0f%% of copy\n", specs[si], n,
-               t[REPS / 2], t[0], gbps, 100 * gbps / bw);
+        printf("%-16s append %d tokens: GPU %.1f us (%.1f..%.1f), %.0f GB/s in+out, %.0f%% of copy; from idle %.1f us "
+               "(%.1f..%.1f); host %.1f us per call\n",
+               specs[si], n, t[REPS / 2], t[0], t[REPS - 1], gbps, 100 * gbps / bw, ti[REPS / 2], ti[0], ti[REPS - 1],
+               th[REPS / 2]);
+        /* decode steps: one token per call, back to back; the GPU time per
+         * call is the larger of the kernel's and the host's issue time */
+        int steps = 2048;
+        vq_cache_reset(c);
+        cudaDeviceSynchronize();
+        double h0 = vq_time_now() * 1e6;
+        cudaEventRecord(e0, 0);
+        for (int i = 0; i < steps; i++)
+            if (vq_cache_append(c, 0, 1, (const char *)kin + (size_t)i * HKV * D * 2,
+                                (const char *)vin + (size_t)i * HKV * D * 2, VQ_F16, NULL))
+                die("append");
+        cudaEventRecord(e1, 0);
+        double host = vq_time_now() * 1e6 - h0;
+        printf("%-16s append 1 token x %d: %.2f us per call (GPU, back to back), %.2f us per call (host)\n", specs[si],
+               steps, elapsed(e0, e1) * 1000 / steps, host / steps);
+        fflush(stdout);
         vq_cache_free(c);
     }
     cudaFree(kin);
     cudaFree(vin);
+    cudaFree(busy[0]);
+    cudaFree(busy[1]);
     return 0;
 }

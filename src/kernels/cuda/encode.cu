@@ -4,30 +4,107 @@
  * token i for i < win_n, else new token i - win_n; the first flushes * F
  * of them are encoded into blocks, the rest form the new window.
  *
- * Arithmetic follows the CPU encoders step for step (IEEE division, rint,
- * no contraction into FMA: the _rn intrinsics), so KIVI codes and scales
- * are bit-identical to the CPU's; tq-mse's norm sums in another order (fp64,
- * then rounded to fp32 and fp16). */
+ * Work is split into warp-sized items that need no shared state: (head,
+ * unit of tokens, K or V) for the encoded tokens, (head, unit) for the
+ * window. Inside an item a lane owns 8 consecutive channels of a token row,
+ * so every load and every fp16 store is 16 bytes and a row of d channels
+ * takes d / 8 lanes (a warp covers 32 / (d / 8) rows at once). fp16 rows
+ * and the window are copied straight from the loads; the quantizers first
+ * stage up to 32 rows in the warp's shared tile (one copy of the load code,
+ * 8 rows in flight per lane) and work from there. Reductions over channels
+ * (KIVI value groups, the Hadamard transform) are shuffles between the
+ * lanes of a row; KIVI key groups reduce over the rows a lane visits, then
+ * across the row slots of the warp. Packed codes follow the planes layout
+ * (codes.cuh): a lane's 8 codes fill one 8-byte word of a plane, and the
+ * lanes that share those bytes OR their words together.
+ *
+ * Arithmetic follows the CPU encoders step for step (IEEE rounding, rint,
+ * no contraction into FMA: the _rn intrinsics; minima and maxima merged in
+ * the CPU's order; tq-mse's norm summed channel by channel in fp64 by one
+ * lane per token), so codes, scales and norms are bit-identical to the
+ * CPU's. */
 #include "codes.cuh"
 
 #include <cuda_bf16.h>
+#include <stdint.h>
 
-#define THREADS 128
-#define TQ_TOKENS 16    /* tq-mse tokens rotated at once in shared memory */
-#define KV_TOKENS 32    /* kivi value tokens handled at once */
+#define WARPS 4  /* warps per thread block, each on its own items */
+#define UNROLL 8 /* row loads a lane issues before using any: bytes in flight */
+#define FULL 0xffffffffu
 
-/* Token i of the append's stream, channel c, as fp16. */
-__device__ __forceinline__ uint16_t fetch_h(const vq_cu_append_args &a, int h, int i, int c, bool value) {
-    if (i < a.win_n) return (value ? a.old_v : a.old_k)[((size_t)h * a.win_cap + i) * a.d + c];
-    size_t idx = ((size_t)(i - a.win_n) * a.H + h) * a.d + c;
-    const void *x = value ? a.v : a.k;
-    if (a.dtype == VQ_F16) return ((const uint16_t *)x)[idx];
-    float f = a.dtype == VQ_F32 ? ((const float *)x)[idx] : __bfloat162float(((const __nv_bfloat16 *)x)[idx]);
-    return vq_cu_f2h(f);
+/* Rows of a warp's shared tile: 32 (one tq-mse norm per lane) up to head
+ * dim 128, 16 above, so a tile stays under 9 KB. */
+static __host__ __device__ int tile_rows(int d) { return d <= 128 ? 32 : 16; }
+
+/* A lane's place in a warp: it holds channels [c0, c0 + 8) of row slot
+ * `sub` (slots 0 .. tpw - 1); at d = 192 lanes 24..31 hold nothing (on is
+ * false) but still take part in the shuffles. */
+struct lanes {
+    int lane, lpt, tpw, sub, c0;
+    bool on;
+};
+
+__device__ __forceinline__ lanes lanes_for(int d) {
+    lanes L;
+    L.lane = threadIdx.x % 32;
+    L.lpt = d / 8;
+    L.tpw = 32 / L.lpt;
+    L.sub = L.lane / L.lpt;
+    L.c0 = 8 * (L.lane % L.lpt);
+    L.on = L.sub < L.tpw;
+    return L;
 }
 
-__device__ __forceinline__ float fetch(const vq_cu_append_args &a, int h, int i, int c, bool value) {
-    return vq_cu_h2f(fetch_h(a, h, i, c, value));
+__device__ __forceinline__ uint32_t pack2h(float x, float y) {
+    return (uint32_t)vq_cu_f2h(x) | (uint32_t)vq_cu_f2h(y) << 16;
+}
+
+/* Channels [c0, c0 + 8) of stream token i as 8 fp16 values (the window
+ * holds fp16; new tokens are rounded to fp16 as the CPU's window does).
+ * `aligned`: the new rows are 16-byte aligned, so vector loads are safe. */
+__device__ __forceinline__ uint4 load8(const vq_cu_append_args &a, bool aligned, int h, int i, int c0, bool value) {
+    if (i < a.win_n)
+        return __ldg((const uint4 *)((value ? a.old_v : a.old_k) + ((size_t)h * a.win_cap + i) * a.d + c0));
+    size_t idx = ((size_t)(i - a.win_n) * a.H + h) * a.d + c0;
+    const void *x = value ? a.v : a.k;
+    if (a.dtype == VQ_F16) {
+        const uint16_t *p = (const uint16_t *)x + idx;
+        if (aligned) return __ldg((const uint4 *)p);
+        return make_uint4(p[0] | (uint32_t)p[1] << 16, p[2] | (uint32_t)p[3] << 16, p[4] | (uint32_t)p[5] << 16,
+                          p[6] | (uint32_t)p[7] << 16);
+    }
+    float f[8];
+    if (a.dtype == VQ_F32) {
+        const float *p = (const float *)x + idx;
+        if (aligned) {
+            float4 lo = __ldg((const float4 *)p), hi = __ldg((const float4 *)p + 1);
+            f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w, f[4] = hi.x, f[5] = hi.y, f[6] = hi.z, f[7] = hi.w;
+        } else {
+            for (int j = 0; j < 8; j++) f[j] = p[j];
+        }
+    } else {
+        const uint16_t *p = (const uint16_t *)x + idx; /* bf16: the high half of an fp32 */
+        uint32_t w[4];
+        if (aligned) {
+            uint4 u = __ldg((const uint4 *)p);
+            w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+        } else {
+            for (int j = 0; j < 4; j++) w[j] = p[2 * j] | (uint32_t)p[2 * j + 1] << 16;
+        }
+        for (int j = 0; j < 4; j++) {
+            f[2 * j] = __uint_as_float(w[j] << 16);
+            f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+        }
+    }
+    return make_uint4(pack2h(f[0], f[1]), pack2h(f[2], f[3]), pack2h(f[4], f[5]), pack2h(f[6], f[7]));
+}
+
+__device__ __forceinline__ void to_float8(uint4 u, float f[8]) {
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = vq_cu_h2f((uint16_t)(w[j] & 0xffff));
+        f[2 * j + 1] = vq_cu_h2f((uint16_t)(w[j] >> 16));
+    }
 }
 
 __device__ __forceinline__ int32_t pos_of(const vq_cu_append_args &a, int h, int i) {
@@ -42,185 +119,433 @@ __device__ __forceinline__ uint8_t *block_of(const vq_cu_append_args &a, int h, 
     return a.table[(size_t)h * a.max_blocks + q / a.bt];
 }
 
-__device__ __forceinline__ int kivi_code(float x, float s, float z, int bits) {
-    if (!(s > 0)) return 0;
-    float c = rintf(__fdiv_rn(__fsub_rn(x, z), s));
-    float maxq = (float)((1 << bits) - 1);
-    c = c < 0 ? 0 : c;
-    c = c > maxq ? maxq : c;
-    return (int)c;
-}
-
-struct smem_t {
-    float sf[VQ_CU_MAX_DIM], zf[VQ_CU_MAX_DIM];       /* kivi keys: one group's per-channel params */
-    float vs[KV_TOKENS][8], vz[KV_TOKENS][8];         /* kivi values: per token and channel group */
-    float u[TQ_TOKENS][VQ_CU_MAX_DIM];                /* tq-mse: rotated rows */
-    float inv[TQ_TOKENS];
+/* The same for tokens i + r of a chunk, from the block and offset of token
+ * i: one division per chunk, then steps over block ends (rarely more than
+ * one) instead of a division per row. */
+struct cursor {
+    int b, t;
 };
 
-/* Encodes stream tokens [i0, i0 + cnt) of head h with method m into the
- * payload at byte offset `off` of their blocks. */
-__device__ void encode_range(const vq_cu_append_args &a, const vq_cu_method &m, size_t off, int h, int i0, int cnt,
-                             smem_t &sm) {
-    const int d = a.d, cb = m.code_bytes, bits = m.bits, tid = threadIdx.x;
-    const bool value = m.is_value;
-    if (m.kind == VQ_CU_FP16) {
-        for (int idx = tid; idx < cnt * d; idx += THREADS) {
-            int i = i0 + idx / d, c = idx % d, t;
-            uint8_t *blk = block_of(a, h, i, &t) + off;
-            ((uint16_t *)blk)[(size_t)t * d + c] = fetch_h(a, h, i, c, value);
-        }
-        return;
+__device__ __forceinline__ cursor cursor_at(const vq_cu_append_args &a, int i) {
+    int q = a.nq0 + i;
+    return {q / a.bt, q % a.bt};
+}
+
+__device__ __forceinline__ uint8_t *block_at(const vq_cu_append_args &a, int h, cursor c, int r, int *t) {
+    int tt = c.t + r, b = c.b;
+    while (tt >= a.bt) tt -= a.bt, b++;
+    *t = tt;
+    return a.table[(size_t)h * a.max_blocks + b];
+}
+
+/* A lane's 8 codes rint((x - z) / s) clamped to maxq, as the CPU computes
+ * them (x - z >= 0: z is the group's minimum, an fp16 value). The
+ * quotients come from r = 1 / s: within 2.5e-7 relative of the IEEE
+ * quotients, so within 1e-3 of them below 4000 (larger ones clamp either
+ * way). If one lies within 1e-3 of a half-integer, where the two could
+ * round apart, the lane takes the IEEE divisions for all 8. */
+__device__ __forceinline__ void kivi_codes(const float x[8], const float s[8], const float r[8], const float z[8],
+                                           float maxq, int code[8]) {
+    float c[8];
+    bool near_half = false;
+    for (int j = 0; j < 8; j++) {
+        float p = __fmul_rn(__fsub_rn(x[j], z[j]), r[j]);
+        c[j] = rintf(p);
+        near_half |= fabsf(__fsub_rn(p, c[j])) > 0.499f;
     }
-    if (m.kind == VQ_CU_KIVI && !value) {
-        const int G = m.group;
-        for (int g0 = i0; g0 < i0 + cnt; g0 += G) {
-            int t0;
-            uint8_t *blk = block_of(a, h, g0, &t0) + off;
-            uint16_t *sc = (uint16_t *)(blk + (size_t)a.bt * cb) + (size_t)(t0 / G) * 2 * d, *zr = sc + d;
-            for (int c = tid; c < d; c += THREADS) {
-                float mn = fetch(a, h, g0, c, false), mx = mn;
-                for (int t = 1; t < G; t++) {
-                    float x = fetch(a, h, g0 + t, c, false);
-                    mn = x < mn ? x : mn;
-                    mx = x > mx ? x : mx;
-                }
-                uint16_t zh = vq_cu_f2h(mn), sh = vq_cu_f2h(__fdiv_rn(__fsub_rn(mx, mn), (float)((1 << bits) - 1)));
-                sc[c] = sh;
-                zr[c] = zh;
-                sm.sf[c] = vq_cu_h2f(sh);
-                sm.zf[c] = vq_cu_h2f(zh);
-            }
-            __syncthreads();
-            for (int idx = tid; idx < G * cb; idx += THREADS) {
-                int t = idx / cb, j = idx % cb, i = g0 + t;
-                blk[(size_t)(t0 + t) * cb + j] = vq_cu_pack_byte(j, bits, d, [&](int c) {
-                    return kivi_code(fetch(a, h, i, c, false), sm.sf[c], sm.zf[c], bits);
-                });
-            }
-            __syncthreads();
-        }
-        return;
+    if (near_half)
+        for (int j = 0; j < 8; j++) c[j] = rintf(__fdiv_rn(__fsub_rn(x[j], z[j]), s[j]));
+    for (int j = 0; j < 8; j++) code[j] = s[j] > 0 ? (int)fminf(c[j], maxq) : 0;
+}
+
+/* The CPU folds a group in order with `x < mn ? x : mn` from its first
+ * element: the earliest of equal minima wins (-0 vs +0) and a NaN counts
+ * only as the first element. Partial folds over consecutive ranges, each
+ * range after the first started from +inf (-inf for the maximum), merge to
+ * the same result with the same rule, the earlier range on the left. */
+__device__ __forceinline__ float min_in_order(float early, float late) { return late < early ? late : early; }
+__device__ __forceinline__ float max_in_order(float early, float late) { return late > early ? late : early; }
+
+/* A lane's 8 codes as the bytes of one word, for one plane: the codes
+ * themselves (PART 0), their low 2 bits (1) or their bit 2 (2, 3-bit). */
+template <int PART>
+__device__ __forceinline__ unsigned long long plane_word(const int code[8]) {
+    unsigned lo = 0, hi = 0;
+    for (int j = 0; j < 4; j++) {
+        unsigned a = (unsigned)code[j], b = (unsigned)code[j + 4];
+        if (PART == 1) a &= 3, b &= 3;
+        if (PART == 2) a >>= 2, b >>= 2;
+        lo |= a << (8 * j);
+        hi |= b << (8 * j);
     }
-    if (m.kind == VQ_CU_KIVI) {
-        const int G = m.group, ng = (d + G - 1) / G;
-        for (int c0 = i0; c0 < i0 + cnt; c0 += KV_TOKENS) {
-            int nt = i0 + cnt - c0 < KV_TOKENS ? i0 + cnt - c0 : KV_TOKENS;
-            for (int idx = tid; idx < nt * ng; idx += THREADS) {
-                int t = idx / ng, g = idx % ng, i = c0 + t, tb;
-                uint8_t *blk = block_of(a, h, i, &tb) + off;
-                int ch0 = g * G, ch1 = ch0 + G < d ? ch0 + G : d;
-                float mn = fetch(a, h, i, ch0, true), mx = mn;
-                for (int c = ch0 + 1; c < ch1; c++) {
-                    float x = fetch(a, h, i, c, true);
-                    mn = x < mn ? x : mn;
-                    mx = x > mx ? x : mx;
-                }
-                uint16_t zh = vq_cu_f2h(mn), sh = vq_cu_f2h(__fdiv_rn(__fsub_rn(mx, mn), (float)((1 << bits) - 1)));
-                uint16_t *meta = (uint16_t *)(blk + (size_t)a.bt * cb) + ((size_t)tb * ng + g) * 2;
-                meta[0] = sh;
-                meta[1] = zh;
-                sm.vs[t][g] = vq_cu_h2f(sh);
-                sm.vz[t][g] = vq_cu_h2f(zh);
-            }
-            __syncthreads();
-            for (int idx = tid; idx < nt * cb; idx += THREADS) {
-                int t = idx / cb, j = idx % cb, i = c0 + t, tb;
-                uint8_t *blk = block_of(a, h, i, &tb) + off;
-                blk[(size_t)tb * cb + j] = vq_cu_pack_byte(j, bits, d, [&](int c) {
-                    return kivi_code(fetch(a, h, i, c, true), sm.vs[t][c / G], sm.vz[t][c / G], bits);
-                });
-            }
-            __syncthreads();
-        }
-        return;
+    return (unsigned long long)hi << 32 | lo;
+}
+
+/* Where a lane's codes go in a packed row, per plane: the bit offset of
+ * its codes in their bytes, the lane distance to the next lane holding
+ * codes of the same bytes and how many lanes share them, and the byte
+ * offset of the lane's 8 bytes (it stores them only if it holds the
+ * plane's first codes of those bytes). Computed once per item. */
+struct plane {
+    int bits, shift, step, ways, at;
+    bool first;
+};
+
+struct packer {
+    plane p[2];
+    bool three; /* 3 bits: 2-bit planes of the low bits, then 1-bit planes of the high bit */
+};
+
+__device__ __forceinline__ plane plane_for(int bits, int stride, int at, const lanes &L) {
+    plane p;
+    p.bits = bits;
+    p.shift = bits * (L.c0 / stride);
+    p.step = stride / 8;
+    p.ways = 8 / bits;
+    p.at = at + L.c0;
+    p.first = L.c0 < stride;
+    return p;
+}
+
+__device__ __forceinline__ packer packer_for(int bits, int d, const lanes &L) {
+    packer k;
+    k.three = bits == 3;
+    if (k.three) {
+        k.p[0] = plane_for(2, d / 4, 0, L);
+        k.p[1] = plane_for(1, d / 8, d / 4, L);
+    } else {
+        k.p[0] = k.p[1] = plane_for(bits, d * bits / 8, 0, L);
     }
-    /* tq-mse: ||x||, then the codes of R x / ||x|| */
-    const float scale = 1.0f / sqrtf((float)d);
-    const int warp = tid / 32, lane = tid % 32;
-    for (int c0 = i0; c0 < i0 + cnt; c0 += TQ_TOKENS) {
-        int nt = i0 + cnt - c0 < TQ_TOKENS ? i0 + cnt - c0 : TQ_TOKENS;
-        for (int idx = tid; idx < nt * d; idx += THREADS) sm.u[idx / d][idx % d] = fetch(a, h, c0 + idx / d, idx % d, value);
-        __syncthreads();
-        for (int t = warp; t < nt; t += THREADS / 32) {
-            double s = 0;
-            for (int c = lane; c < d; c += 32) s = __dadd_rn(s, __dmul_rn((double)sm.u[t][c], (double)sm.u[t][c]));
-            for (int o = 16; o > 0; o /= 2) s = __dadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
-            if (lane == 0) {
-                double len = sqrt(s);
-                sm.inv[t] = len > 0 ? (float)(1.0 / len) : 0.0f;
-                int tb;
-                uint8_t *blk = block_of(a, h, c0 + t, &tb) + off;
-                ((uint16_t *)(blk + (size_t)a.bt * cb))[tb] = vq_cu_f2h((float)len);
-            }
-        }
-        __syncthreads();
-        for (int idx = tid; idx < nt * d; idx += THREADS) {
-            int t = idx / d, c = idx % d;
-            sm.u[t][c] = __fmul_rn(__fmul_rn(sm.u[t][c], sm.inv[t]), m.signs[c]);
-        }
-        __syncthreads();
-        for (int hh = 1; hh < d; hh *= 2) {
-            for (int idx = tid; idx < nt * d / 2; idx += THREADS) {
-                int t = idx / (d / 2), k = idx % (d / 2), j = (k / hh) * 2 * hh + k % hh;
-                float x = sm.u[t][j], y = sm.u[t][j + hh];
-                sm.u[t][j] = __fadd_rn(x, y);
-                sm.u[t][j + hh] = __fsub_rn(x, y);
-            }
-            __syncthreads();
-        }
-        for (int idx = tid; idx < nt * cb; idx += THREADS) {
-            int t = idx / cb, j = idx % cb, tb;
-            uint8_t *blk = block_of(a, h, c0 + t, &tb) + off;
-            blk[(size_t)tb * cb + j] = vq_cu_pack_byte(j, bits, d, [&](int c) {
-                float x = __fmul_rn(sm.u[t][c], scale);
-                int code = 0;
-                for (int b = 0; b < (1 << bits) - 1; b++) code += x > m.boundary[b];
-                return code;
-            });
-        }
-        __syncthreads();
+    return k;
+}
+
+/* One plane: this lane's word shifted into place, ORed with the words of
+ * the lanes sharing its bytes; every lane of the warp calls this
+ * (shuffles). */
+__device__ __forceinline__ void put_plane(unsigned long long w, const plane &p, const lanes &L, uint8_t *row,
+                                          bool store) {
+    w <<= p.shift;
+    unsigned long long all = w; /* the shuffles read every lane's own word */
+    for (int s = 1; s < p.ways; s++) all |= __shfl_sync(FULL, w, (L.lane + s * p.step) & 31);
+    if (store && p.first) *(unsigned long long *)(row + p.at) = all;
+}
+
+/* One token's packed codes (d * bits / 8 bytes at row). */
+__device__ __forceinline__ void put_codes(const int code[8], const packer &k, const lanes &L, uint8_t *row,
+                                          bool store) {
+    if (k.three) {
+        put_plane(plane_word<1>(code), k.p[0], L, row, store);
+        put_plane(plane_word<2>(code), k.p[1], L, row, store);
+    } else {
+        put_plane(plane_word<0>(code), k.p[0], L, row, store);
     }
 }
 
-__global__ void __launch_bounds__(THREADS) append_kernel(const vq_cu_append_args a, int unit, int enc_units) {
-    __shared__ smem_t sm;
-    const int h = blockIdx.y, u = blockIdx.x, tid = threadIdx.x;
-    const int enc_tokens = a.flushes * a.flush;
-    if (u < enc_units) {
-        int i0 = u * unit, cnt = enc_tokens - i0 < unit ? enc_tokens - i0 : unit;
-        encode_range(a, a.mk, 0, h, i0, cnt, sm);
-        encode_range(a, a.mv, a.k_bytes, h, i0, cnt, sm);
-        for (int t = tid; t < cnt; t += THREADS) {
-            int tb;
-            uint8_t *blk = block_of(a, h, i0 + t, &tb);
-            ((int32_t *)(blk + a.k_bytes + a.v_bytes))[tb] = pos_of(a, h, i0 + t);
+/* fp16 rows into blocks: a copy. */
+__device__ void enc_fp16(const vq_cu_append_args &a, bool al, size_t off, bool value, int h, int i0, int cnt,
+                         const lanes &L) {
+    const cursor at = cursor_at(a, i0);
+    for (int r = 0; r < cnt; r += L.tpw * UNROLL) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int row = r + u * L.tpw + L.sub;
+            if (L.on && row < cnt) v[u] = load8(a, al, h, i0 + row, L.c0, value);
         }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int row = r + u * L.tpw + L.sub, t;
+            if (!L.on || row >= cnt) continue;
+            uint8_t *blk = block_at(a, h, at, row, &t) + off;
+            *(uint4 *)(blk + ((size_t)t * a.d + L.c0) * 2) = v[u];
+        }
+    }
+}
+
+/* Rows [i, i + n) (n <= tile_rows) of head h's K or V into the warp's
+ * tile as fp16 rows of pitch d + 8 (conflict-free 16-byte reads of a row
+ * per lane). Not inlined: the callers share one copy of the load code. */
+__device__ __noinline__ void stage(const vq_cu_append_args &a, bool al, int h, int i, int n, bool value, lanes L,
+                                   uint16_t *tile) {
+    const int pitch = a.d + 8;
+    __syncwarp(); /* earlier reads of the tile are done */
+    for (int r = 0; r < n; r += L.tpw * UNROLL) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int row = r + u * L.tpw + L.sub;
+            if (L.on && row < n) v[u] = load8(a, al, h, i + row, L.c0, value);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int row = r + u * L.tpw + L.sub;
+            if (L.on && row < n) *(uint4 *)(tile + row * pitch + L.c0) = v[u];
+        }
+    }
+    __syncwarp();
+}
+
+/* This lane's 8 channels of tile row `row` as floats (zeros off the row). */
+__device__ __forceinline__ void tile_row(const uint16_t *tile, int pitch, int row, bool ok, const lanes &L, float x[8]) {
+    to_float8(ok ? *(const uint4 *)(tile + row * pitch + L.c0) : make_uint4(0, 0, 0, 0), x);
+}
+
+/* KIVI keys: each group of G tokens gets a per-channel (scale, zero). The
+ * group passes through the tile in chunks of R rows; in a chunk, row slot
+ * k folds rows [k R / tpw, (k + 1) R / tpw) (slot 0 continuing from the
+ * earlier chunks, the others from +-inf) and the slots merge in order.
+ * Then the codes, from the tile when the group fits in it, else staged
+ * again (the rows are in L2 by now). */
+__device__ void enc_kivi_keys(const vq_cu_append_args &a, bool al, const vq_cu_method &m, int h, int i0, int cnt,
+                              const lanes &L, uint16_t *tile) {
+    const int d = a.d, G = m.group, bits = m.bits, cb = m.code_bytes, R = tile_rows(d), pitch = d + 8;
+    const int per = R / L.tpw;
+    const float maxq = (float)((1 << bits) - 1);
+    const packer pk = packer_for(bits, d, L);
+    for (int g0 = i0; g0 < i0 + cnt; g0 += G) {
+        float mn[8], mx[8];
+        for (int j = 0; j < 8; j++) mn[j] = INFINITY, mx[j] = -INFINITY;
+        for (int c = 0; c < G; c += R) {
+            stage(a, al, h, g0 + c, R, false, L, tile);
+            if (L.sub > 0)
+                for (int j = 0; j < 8; j++) mn[j] = INFINITY, mx[j] = -INFINITY;
+            if (L.on) {
+#pragma unroll 4 /* per is a multiple of 4: the tile reads of 4 rows in flight */
+                for (int k = 0; k < per; k++) {
+                    float x[8];
+                    tile_row(tile, pitch, L.sub * per + k, true, L, x);
+                    bool first = c == 0 && L.sub == 0 && k == 0;
+                    for (int j = 0; j < 8; j++) {
+                        mn[j] = first ? x[j] : min_in_order(mn[j], x[j]);
+                        mx[j] = first ? x[j] : max_in_order(mx[j], x[j]);
+                    }
+                }
+            }
+            for (int k = 1; k < L.tpw; k *= 2) {
+                bool late = L.sub & k;
+                for (int j = 0; j < 8; j++) {
+                    float omn = __shfl_xor_sync(FULL, mn[j], k * L.lpt), omx = __shfl_xor_sync(FULL, mx[j], k * L.lpt);
+                    mn[j] = late ? min_in_order(omn, mn[j]) : min_in_order(mn[j], omn);
+                    mx[j] = late ? max_in_order(omx, mx[j]) : max_in_order(mx[j], omx);
+                }
+            }
+        }
+        float s[8], rc[8], z[8];
+        uint32_t sw[4], zw[4];
+        for (int j = 0; j < 8; j += 2) {
+            uint16_t s0 = vq_cu_f2h(__fdiv_rn(__fsub_rn(mx[j], mn[j]), maxq)), z0 = vq_cu_f2h(mn[j]);
+            uint16_t s1 = vq_cu_f2h(__fdiv_rn(__fsub_rn(mx[j + 1], mn[j + 1]), maxq)), z1 = vq_cu_f2h(mn[j + 1]);
+            s[j] = vq_cu_h2f(s0), s[j + 1] = vq_cu_h2f(s1), z[j] = vq_cu_h2f(z0), z[j + 1] = vq_cu_h2f(z1);
+            sw[j / 2] = s0 | (uint32_t)s1 << 16;
+            zw[j / 2] = z0 | (uint32_t)z1 << 16;
+        }
+        for (int j = 0; j < 8; j++) rc[j] = __frcp_rn(s[j]);
+        int t0;
+        uint8_t *blk = block_of(a, h, g0, &t0);
+        uint16_t *sc = (uint16_t *)(blk + (size_t)a.bt * cb) + (size_t)(t0 / G) * 2 * d;
+        if (L.on && L.sub == 0) {
+            *(uint4 *)(sc + L.c0) = make_uint4(sw[0], sw[1], sw[2], sw[3]);
+            *(uint4 *)(sc + d + L.c0) = make_uint4(zw[0], zw[1], zw[2], zw[3]);
+        }
+        for (int c = 0; c < G; c += R) {
+            if (G > R) stage(a, al, h, g0 + c, R, false, L, tile);
+#pragma unroll 1
+            for (int k = 0; k < per; k++) {
+                float x[8];
+                int code[8];
+                tile_row(tile, pitch, L.sub * per + k, L.on, L, x);
+                kivi_codes(x, s, rc, z, maxq, code);
+                put_codes(code, pk, L, blk + (size_t)(t0 + c + L.sub * per + k) * cb, L.on);
+            }
+        }
+    }
+}
+
+/* KIVI values: each token's channels in groups of G get a (scale, zero);
+ * a group spans G / 8 lanes of the row (the last group of d = 192 with
+ * G = 128 spans 8 lanes and 8 idle ones, which contribute +-inf). */
+__device__ void enc_kivi_values(const vq_cu_append_args &a, bool al, const vq_cu_method &m, int h, int i0, int cnt,
+                                const lanes &L, uint16_t *tile) {
+    const int d = a.d, G = m.group, bits = m.bits, cb = m.code_bytes, ng = (d + G - 1) / G;
+    const int R = tile_rows(d), pitch = d + 8, lpg = (G < d ? G : d) / 8;
+    const bool lead = L.c0 % G == 0; /* holds the group's first channel */
+    const float maxq = (float)((1 << bits) - 1);
+    const packer pk = packer_for(bits, d, L);
+    for (int c = i0; c < i0 + cnt; c += R) {
+        const int n = i0 + cnt - c < R ? i0 + cnt - c : R;
+        const cursor at = cursor_at(a, c);
+        stage(a, al, h, c, n, true, L, tile);
+#pragma unroll 1
+        for (int r = 0; r < n; r += L.tpw) {
+            int row = r + L.sub;
+            bool ok = L.on && row < n;
+            float x[8];
+            tile_row(tile, pitch, row, ok, L, x);
+            float mn = INFINITY, mx = -INFINITY;
+            for (int j = 0; j < 8; j++) {
+                bool first = lead && j == 0;
+                mn = first ? x[j] : min_in_order(mn, x[j]);
+                mx = first ? x[j] : max_in_order(mx, x[j]);
+            }
+            if (!ok) mn = INFINITY, mx = -INFINITY;
+            for (int k = 1; k < lpg; k *= 2) {
+                float omn = __shfl_xor_sync(FULL, mn, k), omx = __shfl_xor_sync(FULL, mx, k);
+                bool late = L.lane & k;
+                mn = late ? min_in_order(omn, mn) : min_in_order(mn, omn);
+                mx = late ? max_in_order(omx, mx) : max_in_order(mx, omx);
+            }
+            uint16_t sh = vq_cu_f2h(__fdiv_rn(__fsub_rn(mx, mn), maxq)), zh = vq_cu_f2h(mn);
+            const float s1 = vq_cu_h2f(sh), z1 = vq_cu_h2f(zh), r1 = __frcp_rn(s1);
+            float s[8], rc[8], z[8];
+            int code[8];
+            for (int j = 0; j < 8; j++) s[j] = s1, z[j] = z1, rc[j] = r1;
+            kivi_codes(x, s, rc, z, maxq, code);
+            int t = 0;
+            uint8_t *blk = ok ? block_at(a, h, at, row, &t) + a.k_bytes : NULL;
+            put_codes(code, pk, L, ok ? blk + (size_t)t * cb : NULL, ok);
+            if (ok && lead)
+                *(uint32_t *)(blk + (size_t)a.bt * cb + ((size_t)t * ng + L.c0 / G) * 4) = sh | (uint32_t)zh << 16;
+        }
+    }
+}
+
+/* tq-mse: ||x||, then the codes of R x / ||x|| with R = H diag(signs) /
+ * sqrt(d). Lane t sums tile row t's squares in channel order (the CPU's
+ * fp64 sum, bit for bit); the Hadamard butterflies run in registers, then
+ * across lanes. */
+__device__ void enc_tq_mse(const vq_cu_append_args &a, bool al, const vq_cu_method &m, size_t off, bool value, int h,
+                           int i0, int cnt, const lanes &L, uint16_t *tile, const float *bnd) {
+    const int d = a.d, bits = m.bits, cb = m.code_bytes, R = tile_rows(d), pitch = d + 8;
+    const float scale = 1.0f / sqrtf((float)d);
+    const packer pk = packer_for(bits, d, L);
+    float sg[8];
+    for (int j = 0; j < 8; j++) sg[j] = m.signs[L.c0 + j];
+    for (int c = i0; c < i0 + cnt; c += R) {
+        const int n = i0 + cnt - c < R ? i0 + cnt - c : R;
+        const cursor at = cursor_at(a, c);
+        stage(a, al, h, c, n, value, L, tile);
+        float inv = 0;
+        if (L.lane < n) {
+            const uint16_t *row = tile + L.lane * pitch;
+            double ss = 0;
+            for (int c8 = 0; c8 < d; c8 += 8) {
+                float x[8];
+                to_float8(*(const uint4 *)(row + c8), x);
+                for (int j = 0; j < 8; j++) ss = __dadd_rn(ss, __dmul_rn((double)x[j], (double)x[j]));
+            }
+            double len = sqrt(ss);
+            inv = len > 0 ? (float)(1.0 / len) : 0.0f;
+            int t;
+            uint8_t *blk = block_at(a, h, at, L.lane, &t) + off;
+            ((uint16_t *)(blk + (size_t)a.bt * cb))[t] = vq_cu_f2h((float)len);
+        }
+#pragma unroll 1
+        for (int r = 0; r < n; r += L.tpw) {
+            int row = r + L.sub;
+            bool ok = row < n;
+            float x[8];
+            tile_row(tile, pitch, row, ok, L, x);
+            float iv = __shfl_sync(FULL, inv, row & 31);
+            for (int j = 0; j < 8; j++) x[j] = __fmul_rn(__fmul_rn(x[j], iv), sg[j]);
+            for (int hh = 1; hh < 8; hh *= 2)
+                for (int j = 0; j < 8; j++)
+                    if (!(j & hh)) {
+                        float p = x[j], q = x[j + hh];
+                        x[j] = __fadd_rn(p, q);
+                        x[j + hh] = __fsub_rn(p, q);
+                    }
+            /* across lanes: the lower lane of a pair gets x + o, the upper
+             * o - x, both as o + sgn * x in one FMA (the product is exact,
+             * so it rounds as the CPU's add or subtract) */
+            for (int k = 1; k < L.lpt; k *= 2) {
+                float sgn = L.lane & k ? -1.0f : 1.0f;
+                for (int j = 0; j < 8; j++) x[j] = __fmaf_rn(x[j], sgn, __shfl_xor_sync(FULL, x[j], k));
+            }
+            /* the number of boundaries below x, by bisection (they ascend);
+             * the 8 channels' lookups of a step are independent */
+            int code[8];
+            for (int j = 0; j < 8; j++) x[j] = __fmul_rn(x[j], scale), code[j] = 0;
+            for (int step = 1 << (bits - 1); step; step >>= 1)
+                for (int j = 0; j < 8; j++) code[j] += x[j] > bnd[code[j] + step - 1] ? step : 0;
+            int t = 0;
+            uint8_t *blk = ok ? block_at(a, h, at, row, &t) + off : NULL;
+            put_codes(code, pk, L, ok ? blk + (size_t)t * cb : NULL, ok);
+        }
+    }
+}
+
+/* at most 128 registers: 4 thread blocks (16 warps) per SM */
+__global__ void __launch_bounds__(WARPS * 32, 4)
+    append_kernel(const __grid_constant__ vq_cu_append_args a, int unit, int enc_units, int items, bool aligned) {
+    extern __shared__ uint4 tiles[]; /* quantizers: one tile per warp */
+    __shared__ float bnd[2][16];     /* tq-mse boundaries, k then v */
+    if (threadIdx.x == 0)
+        for (int b = 0; b < 15; b++) bnd[0][b] = a.mk.boundary[b], bnd[1][b] = a.mv.boundary[b];
+    __syncthreads();
+    const int warp = threadIdx.x / 32, item = blockIdx.x * WARPS + warp;
+    if (item >= items) return;
+    const lanes L = lanes_for(a.d);
+    const int enc_tokens = a.flushes * a.flush, enc_items = 2 * enc_units * a.H;
+    if (item < enc_items) {
+        const bool value = item & 1;
+        const int h = (item >> 1) % a.H, u = (item >> 1) / a.H;
+        const int i0 = u * unit, cnt = enc_tokens - i0 < unit ? enc_tokens - i0 : unit;
+        const vq_cu_method &m = value ? a.mv : a.mk;
+        const size_t off = value ? a.k_bytes : 0;
+        uint16_t *tile = (uint16_t *)tiles + (size_t)warp * tile_rows(a.d) * (a.d + 8);
+        if (m.kind == VQ_CU_FP16) enc_fp16(a, aligned, off, value, h, i0, cnt, L);
+        else if (m.kind == VQ_CU_KIVI && value) enc_kivi_values(a, aligned, m, h, i0, cnt, L, tile);
+        else if (m.kind == VQ_CU_KIVI) enc_kivi_keys(a, aligned, m, h, i0, cnt, L, tile);
+        else enc_tq_mse(a, aligned, m, off, value, h, i0, cnt, L, tile, bnd[value]);
+        if (!value)
+            for (int t = L.lane; t < cnt; t += 32) {
+                int tb;
+                uint8_t *blk = block_of(a, h, i0 + t, &tb);
+                ((int32_t *)(blk + a.k_bytes + a.v_bytes))[tb] = pos_of(a, h, i0 + t);
+            }
         return;
     }
     /* tokens that stay in (or join) the window */
-    int src0 = a.flushes ? enc_tokens : a.win_n, dst0 = a.flushes ? 0 : a.win_n;
-    int count = a.win_n + a.n - src0;
-    int j0 = (u - enc_units) * unit, cnt = count - j0 < unit ? count - j0 : unit;
-    const int d = a.d;
-    for (int idx = tid; idx < cnt * d; idx += THREADS) {
-        int t = idx / d, c = idx % d;
-        size_t o = ((size_t)h * a.win_cap + dst0 + j0 + t) * d + c;
-        a.new_k[o] = fetch_h(a, h, src0 + j0 + t, c, false);
-        a.new_v[o] = fetch_h(a, h, src0 + j0 + t, c, true);
+    const int w = item - enc_items, h = w % a.H, j0 = (w / a.H) * unit;
+    const int src0 = a.flushes ? enc_tokens : a.win_n, dst0 = a.flushes ? 0 : a.win_n;
+    const int count = a.win_n + a.n - src0, cnt = count - j0 < unit ? count - j0 : unit;
+    for (int r = 0; r < cnt; r += L.tpw * UNROLL / 2) {
+        uint4 kv[UNROLL / 2], vv[UNROLL / 2];
+#pragma unroll
+        for (int u = 0; u < UNROLL / 2; u++) {
+            int row = r + u * L.tpw + L.sub;
+            if (L.on && row < cnt) {
+                kv[u] = load8(a, aligned, h, src0 + j0 + row, L.c0, false);
+                vv[u] = load8(a, aligned, h, src0 + j0 + row, L.c0, true);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL / 2; u++) {
+            int row = r + u * L.tpw + L.sub;
+            if (!L.on || row >= cnt) continue;
+            size_t o = ((size_t)h * a.win_cap + dst0 + j0 + row) * a.d + L.c0;
+            *(uint4 *)(a.new_k + o) = kv[u];
+            *(uint4 *)(a.new_v + o) = vv[u];
+        }
     }
-    for (int t = tid; t < cnt; t += THREADS) a.new_pos[(size_t)h * a.win_cap + dst0 + j0 + t] = pos_of(a, h, src0 + j0 + t);
+    for (int t = L.lane; t < cnt; t += 32)
+        a.new_pos[(size_t)h * a.win_cap + dst0 + j0 + t] = pos_of(a, h, src0 + j0 + t);
 }
 
 cudaError_t vq_cu_launch_append(const vq_cu_append_args *a) {
+    /* a unit holds whole key groups (flush tokens) and at least 32 tokens */
     int unit = a->flush >= 32 ? a->flush : 32;
     int enc_tokens = a->flushes * a->flush;
     int enc_units = (enc_tokens + unit - 1) / unit;
     int src0 = a->flushes ? enc_tokens : a->win_n;
     int count = a->win_n + a->n - src0;
     int win_units = (count + unit - 1) / unit;
-    if (enc_units + win_units == 0) return cudaSuccess;
-    dim3 grid(enc_units + win_units, a->H);
-    append_kernel<<<grid, THREADS>>>(*a, unit, enc_units);
+    long long items = (long long)a->H * (2 * enc_units + win_units);
+    if (items == 0) return cudaSuccess;
+    bool quant = a->mk.kind != VQ_CU_FP16 || a->mv.kind != VQ_CU_FP16;
+    size_t smem = quant ? (size_t)WARPS * tile_rows(a->d) * (a->d + 8) * sizeof(uint16_t) : 0;
+    bool aligned = ((uintptr_t)a->k | (uintptr_t)a->v) % 16 == 0;
+    append_kernel<<<(unsigned)((items + WARPS - 1) / WARPS), WARPS * 32, smem>>>(*a, unit, enc_units, (int)items,
+                                                                             aligned);
     return cudaGetLastError();
 }
