@@ -330,6 +330,12 @@ int main(int argc, char **argv) {
         {"kivi:bits=3,group=32", 8, 2, 128, 600, 2, VQ_F32, 0, 0},
         {"kivi:bits=8,group=32,residual=0", 8, 2, 64, 500, 5, VQ_F32, 0, 0},
         {"kivi:bits=2", 32, 8, 128, 90, 1, VQ_F32, 0, 0}, /* the window alone */
+        /* the KIVI tensor-core decode kernel with 8 and 6 q heads per kv
+         * head (q's hi and lo terms in mma of their own) and with 2 (hi and
+         * lo in the columns of one mma, 2 of its 4 heads empty) */
+        {"kivi:bits=2", 64, 8, 128, 1000, 2, VQ_F32, 0, 0},
+        {"kivi:bits=4,group=64", 48, 8, 128, 700, 2, VQ_BF16, 0, 0},
+        {"kivi:bits=2,group=64", 16, 8, 128, 800, 3, VQ_F32, 0, 0},
         {"k=kivi:bits=4;v=kivi:bits=2", 32, 8, 128, 1000, 2, VQ_F32, 0, 0},
         {"tq-mse:bits=4", 32, 8, 128, 800, 2, VQ_F32, 0, 0},
         /* the 4-bit tq-mse decode kernel at its other head dims and group sizes */
@@ -358,6 +364,7 @@ int main(int argc, char **argv) {
         const case_t few[] = {
             {"fp16", 8, 2, 64, 150, 2, VQ_F32, 0, 0},
             {"kivi:bits=2,group=32", 8, 2, 128, 300, 2, VQ_F32, 0, 0},
+            {"kivi:bits=2", 16, 2, 128, 300, 1, VQ_F32, 0, 0},
             {"tq-mse:bits=4", 8, 2, 128, 200, 2, VQ_F32, 0, 0},
         };
         for (size_t i = 0; i < sizeof few / sizeof few[0]; i++) run_case(&few[i], &r);

@@ -29,8 +29,9 @@
 /* Thread blocks to aim for per SM when choosing the partition count of
  * the generic kernel. */
 #define BLOCKS_PER_SM 4
-/* Thread blocks of the decode kernels (attend_decode.cu, attend_kivi.cu)
- * resident per SM: about 168 registers x 128 threads each. */
+/* Thread blocks of the row decode kernels (attend_decode.cu) resident per
+ * SM: about 168 registers x 128 threads each (the KIVI kernel's count is
+ * asked of the runtime). */
 #define DECODE_BLOCKS_PER_SM 3
 /* Blocks per warp below which more decode partitions stop paying: each
  * warp's setup (q, key scales), its first block's latency (the cp.async
@@ -41,11 +42,12 @@
  * take whole blocks: whole waves of thread blocks (a part-filled last wave
  * leaves SMs idle at the end; three waves even out the blocks' speeds) as
  * long as every warp keeps DECODE_MIN_WARP_BLOCKS blocks, else one wave,
- * each warp at least one block. On the H200 (KIVI 2-bit): 8 x 131072 at
+ * each warp at least one block; per_sm: the kernel's resident thread
+ * blocks per SM. On the H200 (KIVI 2-bit): 8 x 131072 at
  * 1.45 waves took 721 us, at 2.75 waves 661 us; 1 x 32768 at 1.3 waves
  * (2 blocks per warp) 46 us, at 0.65 waves (4 per warp) 42 us. */
-static int decode_parts(int n_sms, long long pairs, int max_blocks, int warps) {
-    const long long slots = (long long)n_sms * DECODE_BLOCKS_PER_SM;
+static int decode_parts(int n_sms, int per_sm, long long pairs, int max_blocks, int warps) {
+    const long long slots = (long long)n_sms * per_sm;
     for (int waves = 3; waves > 1; waves--) {
         long long parts = slots * waves / pairs;
         if (parts >= 1 && max_blocks >= parts * warps * DECODE_MIN_WARP_BLOCKS) return (int)parts;
@@ -410,7 +412,8 @@ extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, c
     long long pairs = (long long)n * H * P.row_chunks;
     int parts;
     if (kivi || f16 || tq4) {
-        parts = decode_parts(g->n_sms, pairs, max_blocks, kivi ? VQ_CU_KIVI_WARPS : VQ_CU_ROWS_WARPS);
+        parts = decode_parts(g->n_sms, kivi ? vq_cu_kivi_resident(&P) : DECODE_BLOCKS_PER_SM, pairs, max_blocks,
+                             kivi ? VQ_CU_KIVI_WARPS : VQ_CU_ROWS_WARPS);
     } else { /* enough thread blocks to fill the GPU, a partition at least one block */
         long long want = ((long long)g->n_sms * BLOCKS_PER_SM + pairs - 1) / pairs;
         parts = (int)(want < max_blocks ? want : max_blocks);

@@ -14,14 +14,21 @@
  * per group, as an fp16 hi + lo pair built with half2 arithmetic from q's
  * own hi + lo pair, so the scores keep about fp32 accuracy), plus
  * sum_c q_n,c zero_g,c, one more mma per block (A = the zeros of the
- * block's key groups, B = q hi and lo). Values, per 16 tokens and channel
- * group g: O^T += C^T P'_g with A = the raw value codes and B = P'_g[t][n]
- * = p_n,t * scale_t,g in fp16, plus sum_t p_n,t zero_t,g, one more mma per
- * 16 tokens (A = the zeros, rows = channel groups), added to the group's
- * channels at the merge. The dot products run over the channels (keys) and
+ * block's key groups, B = q hi and lo). With at most 4 q heads per kv
+ * head (G4) the 8 columns of B hold hi (0-3) and lo (4-7) of every head,
+ * so one mma per k-step gives both terms (columns n and n + 4 are summed
+ * across lane pairs afterwards), half the key mma of one per term; the
+ * softmax then takes one token per lane instead of two. Values, per 16
+ * tokens and channel group g: O^T += C^T P'_g with A = the raw value codes
+ * and B = P'_g[t][n] = p_n,t * scale_t,g in fp16, plus sum_t p_n,t
+ * zero_t,g, one more mma per 16 tokens (A = the zeros, rows = channel
+ * groups), added to the group's channels at the merge. The dot products run over the channels (keys) and
  * tokens (values) in whatever order makes the packed bytes land in the mma
  * fragments cheaply; the B operands use the same order, so the sums are
  * the same.
+ *
+ * The probabilities go through shared memory as fp16, the rounding that
+ * the values' B operand applies anyway.
  *
  * Precision: P'_g = fp16(fp16(p) * scale) rounds twice, like the
  * dequantized value and p did before; the block's p are taken times a
@@ -41,10 +48,18 @@
 #define STAGES 2 /* blocks in flight per warp */
 #define MAX_BT 64 /* tokens per block (the default block of KIVI with group 32 or 64) */
 #define SMEM_LIMIT (110 * 1024) /* at least two thread blocks per SM (three for 2-bit) */
-/* Row stride of the probabilities in shared memory: bt + 20 words puts the
- * 32 lanes of both the writes (score layout) and the reads (value layout)
- * in 32 different banks (bt is a multiple of 32). */
-#define PS_PAD 20
+/* Row stride (halves) of the fp16 probabilities in shared memory (bt is
+ * a multiple of 32). G4, 4 rows: bt / 2 + 8 words puts the lanes of both
+ * the writes (score layout) and the reads (value layout) in different
+ * banks; 8 rows: bt / 2 + 4 words keeps the writes apart (the reads of 8
+ * rows cannot all be). */
+template <bool G4>
+static __host__ __device__ constexpr int ps_stride(int bt) { return bt + (G4 ? 16 : 8); }
+/* Shared memory of one warp: STAGES blocks, then the probabilities. */
+template <bool G4>
+static __host__ __device__ constexpr size_t warp_stride(int bt, size_t block_bytes) {
+    return STAGES * block_bytes + (G4 ? 4 : 8) * 2 * (size_t)ps_stride<G4>(bt);
+}
 /* A warp's state per q row in the merge: max, sum, acc[D], the sums of
  * p * zero per value channel group (at most 4 groups at d = 128). */
 #define ROW_W (2 + D + 4)
@@ -93,6 +108,21 @@ static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) 
 static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* One k-step s of a 16-token key tile. G4: B holds hi and lo in its
+ * columns, one mma per k-step, even and odd steps into ch and cl (two
+ * chains); else the hi and lo terms into ch and cl. */
+template <bool G4>
+static __device__ __forceinline__ void key_mma(float (&ch)[4], float (&cl)[4], int s, uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, const uint32_t (&bh)[2],
+                                               const uint32_t (&bl)[2]) {
+    if (G4) {
+        mma16816((s & 1) ? cl : ch, a0, a1, a2, a3, bh[0], bh[1]);
+    } else {
+        mma16816(ch, a0, a1, a2, a3, bh[0], bh[1]);
+        mma16816(cl, a0, a1, a2, a3, bl[0], bl[1]);
+    }
+}
 
 /* The key channel that lane group j's k-step s, element e (0, 1: A reg 0/1
  * halves; 2, 3: A reg 2/3 halves) stands for. */
@@ -182,25 +212,31 @@ static __device__ __forceinline__ int value_exponent(const uint16_t *vmeta, int 
     return min(29 - (int)(mx >> 10), 15); /* scale < 2^(e - 14), e = the biased exponent */
 }
 
-template <int KB, int VB, int GV>
+template <int KB, int VB, int GV, bool G4>
 __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_constant__ vq_cu_attn P) {
     constexpr int NG = D / GV; /* value channel groups */
+    constexpr int PROWS = G4 ? 4 : 8;
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i = lane >> 2, j = lane & 3;
     const int h = blockIdx.y, seq = blockIdx.z, part = blockIdx.x;
     const int bt = P.bt, bb = (int)P.block_bytes;
-    const int pst = bt + PS_PAD;
-    unsigned char *stage0 = smem + (size_t)warp * (STAGES * bb + 8 * pst * 4);
-    float *ps = (float *)(stage0 + (size_t)STAGES * bb); /* [8 rows][pst] probabilities */
+    const int pst = ps_stride<G4>(bt);
+    unsigned char *stage0 = smem + (size_t)warp * warp_stride<G4>(bt, bb);
+    __half *ps = (__half *)(stage0 + (size_t)STAGES * bb); /* [PROWS][pst] probabilities */
     const vq_cu_seq S = vq_cu_seq_at(P, seq);
     const int n_blocks = (S.n_quant + bt - 1) / bt;
     const int b0 = part * P.part_blocks, b1 = min(b0 + P.part_blocks, n_blocks);
     uint8_t *const *table = S.table + (size_t)h * P.max_blocks;
 
-    /* q of row n = i (zero past the group), scaled for exp2 and by
-     * Q_SCALE, as an fp16 hi + lo pair in the B fragment layout */
+    /* q of head qn (zero past the group), scaled for exp2 and by Q_SCALE,
+     * as an fp16 hi + lo pair in the B fragment layout. G4: B column i
+     * holds hi (i < 4) or lo (i >= 4) of head i & 3, so one mma gives both
+     * terms of up to 4 heads; qb is the lane's own term (qh or ql).
+     * Otherwise column i is head i and hi, lo take one mma each. */
     const float qs = P.scale * 1.4426950408889634f * Q_SCALE;
-    uint32_t qh[8][2], ql[8][2];
+    const bool lo_col = G4 && i >= 4;
+    const int qn = G4 ? (i & 3) : i;
+    uint32_t qh[8][2], qb[8][2];
     const int g = P.g;
 #pragma unroll
     for (int s = 0; s < 8; s++)
@@ -210,11 +246,12 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 int c = key_channel<KB>(j, s, 2 * e + x);
-                v[x] = i < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + i) * D + c] * qs : 0.0f;
+                v[x] = qn < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + qn) * D + c] * qs : 0.0f;
             }
             qh[s][e] = pack_h2(v[0], v[1]);
             float2 hf = __half22float2(*(const __half2 *)&qh[s][e]);
-            ql[s][e] = pack_h2(v[0] - hf.x, v[1] - hf.y);
+            const uint32_t lo = pack_h2(v[0] - hf.x, v[1] - hf.y);
+            qb[s][e] = G4 ? (lo_col ? lo : qh[s][e]) : lo;
         }
     const int32_t qpos = vq_cu_has_qpos(P) ? vq_cu_qpos_at(P, seq) : INT32_MAX;
 
@@ -256,12 +293,17 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         float mx[2] = {-INFINITY, -INFINITY};
         /* scores of the block, two 16-token tiles at a time (both in one key
          * group: groups are multiples of 32 tokens); at most 4 tiles */
-        float sc[MAX_BT / 16][4];
-        uint32_t bqh[8][2], bql[8][2]; /* Q' = hi + lo, two fp16 terms: fp32-like accuracy */
+        /* scores, still times Q_SCALE: G4: the lane's token i + 8 (j >> 1)
+         * for heads 2 (j & 1) + {0, 1}; else tokens i, i + 8 for heads
+         * 2j + {0, 1} */
+        float sc[MAX_BT / 16][G4 ? 2 : 4];
+        /* Q' = hi + lo, two fp16 terms: fp32-like accuracy. G4: the lane's
+         * own term; else bqh and bql */
+        uint32_t bqh[8][2], bql[G4 ? 1 : 8][2];
         /* sum_c q_n,c zero_g,c of the block's key groups g on the tensor
          * cores: A row i = the zeros of group i (rows past the groups
          * repeat one; never read), B = q hi and lo; lane (g, j) ends with
-         * the sums of q rows 2j, 2j + 1 */
+         * the sums of B columns 2j, 2j + 1 */
         float qzc[4] = {0, 0, 0, 0};
         {
             float qzl[4] = {0, 0, 0, 0};
@@ -269,8 +311,12 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             load_key_pairs<KB>(kmeta + (size_t)(i % ((bt + GK - 1) / GK)) * 2 * D + D, j, zp);
 #pragma unroll
             for (int s = 0; s < 8; s++) {
-                mma16816(qzc, zp[s][0], 0u, zp[s][1], 0u, qh[s][0], qh[s][1]);
-                mma16816(qzl, zp[s][0], 0u, zp[s][1], 0u, ql[s][0], ql[s][1]);
+                if constexpr (G4) { /* two chains: even and odd k-steps */
+                    mma16816((s & 1) ? qzl : qzc, zp[s][0], 0u, zp[s][1], 0u, qb[s][0], qb[s][1]);
+                } else {
+                    mma16816(qzc, zp[s][0], 0u, zp[s][1], 0u, qh[s][0], qh[s][1]);
+                    mma16816(qzl, zp[s][0], 0u, zp[s][1], 0u, qb[s][0], qb[s][1]);
+                }
             }
             qzc[0] += qzl[0];
             qzc[1] += qzl[1];
@@ -290,18 +336,22 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 for (int s = 0; s < 8; s++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        const __half2 a = *(const __half2 *)&qh[s][e], al = *(const __half2 *)&ql[s][e];
+                        const __half2 a = *(const __half2 *)&qh[s][e], al = *(const __half2 *)&qb[s][e];
                         const __half2 sc2 = *(const __half2 *)&sp[s][e];
                         const __half2 hi = __hmul2(a, sc2);
                         const __half2 lo = __hfma2(al, sc2, __hfma2(a, sc2, __hneg2(hi)));
-                        bqh[s][e] = *(const uint32_t *)&hi;
-                        bql[s][e] = *(const uint32_t *)&lo;
+                        if constexpr (G4) {
+                            bqh[s][e] = lo_col ? *(const uint32_t *)&lo : *(const uint32_t *)&hi;
+                        } else {
+                            bqh[s][e] = *(const uint32_t *)&hi;
+                            bql[s][e] = *(const uint32_t *)&lo;
+                        }
                     }
                 qz0 = __shfl_sync(0xffffffffu, qzc[0], 4 * (t0 / GK) + j);
                 qz1 = __shfl_sync(0xffffffffu, qzc[1], 4 * (t0 / GK) + j);
             }
-            /* four accumulators (2 tiles x hi/lo) keep four mma chains in
-             * flight; the hi chain starts at the zero sum */
+            /* four accumulators (2 tiles x hi/lo, or G4: x even/odd k-steps)
+             * keep four mma chains in flight; ch starts at the zero sum */
             float ch[2][4] = {{qz0, qz1, qz0, qz1}, {qz0, qz1, qz0, qz1}}, cl[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
             if (KB == 2) {
                 uint2 x[2][2];
@@ -322,8 +372,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                         uint32_t a1 = codes_h2(p1, 2, sh);
                         uint32_t a2 = codes_h2(p0, 2, sh + 2);
                         uint32_t a3 = codes_h2(p1, 2, sh + 2);
-                        mma16816(ch[tt], a0, a1, a2, a3, bqh[s][0], bqh[s][1]);
-                        mma16816(cl[tt], a0, a1, a2, a3, bql[s][0], bql[s][1]);
+                        key_mma<G4>(ch[tt], cl[tt], s, a0, a1, a2, a3, bqh[s], bql[G4 ? 0 : s]);
                     }
                 }
             } else {
@@ -344,25 +393,44 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                         uint32_t p1 = s < 4 ? __byte_perm(r1.x, r1.z, sel) : __byte_perm(r1.y, r1.w, sel);
                         uint32_t a0 = codes_h2(p0, 4, 0), a1 = codes_h2(p1, 4, 0);
                         uint32_t a2 = codes_h2(p0, 4, 4), a3 = codes_h2(p1, 4, 4);
-                        mma16816(ch[tt], a0, a1, a2, a3, bqh[s][0], bqh[s][1]);
-                        mma16816(cl[tt], a0, a1, a2, a3, bql[s][0], bql[s][1]);
+                        key_mma<G4>(ch[tt], cl[tt], s, a0, a1, a2, a3, bqh[s], bql[G4 ? 0 : s]);
                     }
                 }
             }
 #pragma unroll
             for (int tt = 0; tt < 2; tt++) {
                 const int t16 = tp * 2 + tt;
-                int ta = t0 + 16 * tt + i, tb = ta + 8;
-                bool va = ta < n && kpos[ta] <= qpos, vb = tb < n && kpos[tb] <= qpos;
-                sc[t16][0] = va ? (ch[tt][0] + cl[tt][0]) * (1.0f / Q_SCALE) : -INFINITY;
-                sc[t16][1] = va ? (ch[tt][1] + cl[tt][1]) * (1.0f / Q_SCALE) : -INFINITY;
-                sc[t16][2] = vb ? (ch[tt][2] + cl[tt][2]) * (1.0f / Q_SCALE) : -INFINITY;
-                sc[t16][3] = vb ? (ch[tt][3] + cl[tt][3]) * (1.0f / Q_SCALE) : -INFINITY;
-                mx[0] = fmaxf(mx[0], fmaxf(sc[t16][0], sc[t16][2]));
-                mx[1] = fmaxf(mx[1], fmaxf(sc[t16][1], sc[t16][3]));
+                float c[4];
+#pragma unroll
+                for (int x = 0; x < 4; x++) c[x] = ch[tt][x] + cl[tt][x];
+                if constexpr (G4) {
+                    /* lane j < 2 holds the hi terms (columns 2j, 2j + 1) of
+                     * tokens i and i + 8, lane j + 2 the lo terms: each keeps
+                     * one token and trades the other for its partner's term
+                     * (the two sums are the same fp32 additions) */
+                    const bool up = j < 2;
+                    const float s0 = (up ? c[0] : c[2]) + __shfl_xor_sync(0xffffffffu, up ? c[2] : c[0], 2);
+                    const float s1 = (up ? c[1] : c[3]) + __shfl_xor_sync(0xffffffffu, up ? c[3] : c[1], 2);
+                    const int tk = t0 + 16 * tt + i + 8 * (j >> 1);
+                    const bool v = tk < n && kpos[tk] <= qpos;
+                    sc[t16][0] = v ? s0 : -INFINITY;
+                    sc[t16][1] = v ? s1 : -INFINITY;
+                    mx[0] = fmaxf(mx[0], sc[t16][0]);
+                    mx[1] = fmaxf(mx[1], sc[t16][1]);
+                } else {
+                    int ta = t0 + 16 * tt + i, tb = ta + 8;
+                    bool va = ta < n && kpos[ta] <= qpos, vb = tb < n && kpos[tb] <= qpos;
+                    sc[t16][0] = va ? c[0] : -INFINITY;
+                    sc[t16][1] = va ? c[1] : -INFINITY;
+                    sc[t16][2] = vb ? c[2] : -INFINITY;
+                    sc[t16][3] = vb ? c[3] : -INFINITY;
+                    mx[0] = fmaxf(mx[0], fmaxf(sc[t16][0], sc[t16][2]));
+                    mx[1] = fmaxf(mx[1], fmaxf(sc[t16][1], sc[t16][3]));
+                }
             }
         }
-        /* online softmax: rows 2j, 2j+1 over the block. This block's p
+        /* online softmax: rows 2j, 2j+1 (G4: 2 (j & 1), + 1) over the
+         * block; the scores are still times Q_SCALE. This block's p
          * are taken times 2^eb (value_exponent), so l, acc and zacc move
          * from the unit 2^e_run to 2^eb (exact: powers of two,
          * |eb - e_run| <= 17) */
@@ -372,22 +440,25 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         float alpha[2], mb[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            for (int o = 4; o < 32; o *= 2) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o));
-            float mnew = fmaxf(m[r], mx[r]);
+            for (int o = G4 ? 2 : 4; o < 32; o *= 2) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o));
+            float mnew = fmaxf(m[r], mx[r] * (1.0f / Q_SCALE));
             alpha[r] = (m[r] == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f) : exp2f(m[r] - mnew)) * fs;
             m[r] = mnew;
-            mb[r] = mnew - (float)eb;
+            /* a row with no score yet has only -inf scores: exp2 gives 0 */
+            mb[r] = mnew == -INFINITY ? 0.0f : mnew - (float)eb;
             l[r] *= alpha[r];
         }
+        /* p rounded to fp16 here is what the values' B operand takes */
 #pragma unroll
         for (int t16 = 0; t16 < MAX_BT / 16; t16++) {
             if (t16 * 16 >= bt) break;
 #pragma unroll
-            for (int x = 0; x < 4; x++) {
-                int r = x & 1;
-                float p = m[r] == -INFINITY ? 0.0f : exp2f(sc[t16][x] - mb[r]);
+            for (int x = 0; x < (G4 ? 2 : 4); x++) {
+                const int r = x & 1;
+                const float p = exp2f(fmaf(sc[t16][x], 1.0f / Q_SCALE, -mb[r]));
                 l[r] += p;
-                ps[(2 * j + r) * pst + t16 * 16 + i + (x >> 1) * 8] = p;
+                const int row = G4 ? 2 * (j & 1) + r : 2 * j + r, tok = G4 ? 8 * (j >> 1) : (x >> 1) * 8;
+                ps[row * pst + t16 * 16 + i + tok] = __float2half_rn(p);
             }
         }
 #pragma unroll
@@ -415,11 +486,11 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             int tq[4];
 #pragma unroll
             for (int q = 0; q < 4; q++) tq[q] = t0 + 4 * j + ((q + j) & 3);
-            float p[4];
+            uint32_t ph[4]; /* fp16 p of B column i (G4: zero past the 4 rows) */
             uint32_t mw[4][NG]; /* [q][group]: (scale, zero) as two halves */
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                p[q] = ps[i * pst + tq[q]];
+                ph[q] = !G4 || i < PROWS ? __half_as_ushort(ps[i * pst + tq[q]]) : 0u;
                 const uint32_t *mp = (const uint32_t *)(vmeta + (size_t)tq[q] * NG * 2);
                 if constexpr (NG == 4) {
                     uint4 x = *(const uint4 *)mp;
@@ -433,7 +504,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             }
             const uint32_t ok01 = (tq[0] < n ? 0xffffu : 0u) | (tq[1] < n ? 0xffff0000u : 0u);
             const uint32_t ok23 = (tq[2] < n ? 0xffffu : 0u) | (tq[3] < n ? 0xffff0000u : 0u);
-            const uint32_t bp0 = pack_h2(p[0], p[1]), bp1 = pack_h2(p[2], p[3]);
+            const uint32_t bp0 = ph[0] | ph[1] << 16, bp1 = ph[2] | ph[3] << 16;
             uint32_t bs[NG][2];
 #pragma unroll
             for (int gr = 0; gr < NG; gr++) {
@@ -473,10 +544,11 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     }
     cp_async_wait<0>();
     /* the warps' states merged into one partial per thread block: rows
-     * 2j, 2j+1 of each warp into its own (now idle) staging space */
+     * 2j, 2j+1 of each warp into its own (now idle) staging space (G4:
+     * lanes j < 2 hold rows 0-3 of acc, m and l) */
 #pragma unroll
     for (int r = 0; r < 2; r++)
-        for (int o = 4; o < 32; o *= 2) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o);
+        for (int o = G4 ? 2 : 4; o < 32; o *= 2) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o);
     __syncwarp();
     float *mine = (float *)stage0; /* [8 rows][ROW_W]: max (log2 units), sum, acc, zero sums */
     const float unit = __int_as_float((127 - e_run) << 23); /* 2^-e_run */
@@ -498,17 +570,17 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         }
     }
     __syncthreads();
-    const size_t warp_bytes = (size_t)STAGES * bb + 8 * (size_t)pst * 4;
+    const size_t wb = warp_stride<G4>(bt, bb);
     float *out = P.partials + (((size_t)seq * P.hkv + h) * P.n_parts + part) * VQ_CU_RMAX * (size_t)P.part_w;
     for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
         const int row = idx / D, c = idx % D;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < WARPS; w++) M = fmaxf(M, ((const float *)(smem + w * warp_bytes))[row * ROW_W]);
+        for (int w = 0; w < WARPS; w++) M = fmaxf(M, ((const float *)(smem + w * wb))[row * ROW_W]);
         float L = 0, A = 0;
 #pragma unroll
         for (int w = 0; w < WARPS; w++) {
-            const float *o = (const float *)(smem + w * warp_bytes) + row * ROW_W;
+            const float *o = (const float *)(smem + w * wb) + row * ROW_W;
             const float f = o[0] == -INFINITY ? 0.0f : exp2f(o[0] - M);
             L += o[1] * f;
             A += (o[2 + c] + o[2 + D + c / GV]) * f;
@@ -523,7 +595,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 }
 
 static size_t smem_bytes(const vq_cu_attn *P) {
-    return (size_t)WARPS * (STAGES * P->block_bytes + 8 * (size_t)(P->bt + PS_PAD) * 4);
+    const size_t w = P->g <= 4 ? warp_stride<true>(P->bt, P->block_bytes) : warp_stride<false>(P->bt, P->block_bytes);
+    return (size_t)WARPS * w;
 }
 
 bool vq_cu_kivi_fast_ok(const vq_cu_attn *P) {
@@ -533,34 +606,83 @@ bool vq_cu_kivi_fast_ok(const vq_cu_attn *P) {
            STAGES * P->block_bytes >= 8 * ROW_W * sizeof(float); /* room for the merge */
 }
 
+typedef void (*kernel_t)(vq_cu_attn);
+
 template <int KB, int VB, int GV>
-static cudaError_t launch(const vq_cu_attn *P, int parts, int n_seqs) {
-    size_t sm = smem_bytes(P);
-    /* the limit (per device) only grows; setting it is a driver call, so
-     * it is done once per size */
-    static int limit_set[64];
-    int dev = 0;
-    cudaGetDevice(&dev);
-    if (dev >= 64 || (int)sm > limit_set[dev]) {
-        cudaError_t e = cudaFuncSetAttribute(kivi_decode<KB, VB, GV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        if (e != cudaSuccess) return e;
-        if (dev < 64) limit_set[dev] = (int)sm;
-    }
-    kivi_decode<KB, VB, GV><<<dim3(parts, P->hkv, n_seqs), WARPS * 32, sm>>>(*P);
-    return cudaGetLastError();
+static kernel_t kernel_g(const vq_cu_attn *P) {
+    return P->g <= 4 ? kivi_decode<KB, VB, GV, true> : kivi_decode<KB, VB, GV, false>;
 }
 
 template <int KB, int VB>
-static cudaError_t launch_group(const vq_cu_attn *P, int parts, int n_seqs) {
-    if (P->mv.group == 32) return launch<KB, VB, 32>(P, parts, n_seqs);
-    if (P->mv.group == 64) return launch<KB, VB, 64>(P, parts, n_seqs);
-    return launch<KB, VB, 128>(P, parts, n_seqs);
+static kernel_t kernel_b(const vq_cu_attn *P) {
+    if (P->mv.group == 32) return kernel_g<KB, VB, 32>(P);
+    if (P->mv.group == 64) return kernel_g<KB, VB, 64>(P);
+    return kernel_g<KB, VB, 128>(P);
+}
+
+/* The kernel instance for these arguments. */
+static kernel_t kernel_for(const vq_cu_attn *P) {
+    int kb = P->mk.bits, vb = P->mv.bits;
+    if (kb == 2 && vb == 2) return kernel_b<2, 2>(P);
+    if (kb == 2 && vb == 4) return kernel_b<2, 4>(P);
+    if (kb == 4 && vb == 2) return kernel_b<4, 2>(P);
+    return kernel_b<4, 4>(P);
+}
+
+/* Per (kernel instance, device): the shared-memory limit set so far (it
+ * only grows; setting it is a driver call, so it is done once per size)
+ * and the resident thread blocks per SM at the last size asked for. */
+typedef struct {
+    kernel_t k;
+    int dev, limit, smem, resident;
+} kernel_info;
+
+static kernel_info *info_for(kernel_t k, int dev) {
+    static kernel_info infos[128];
+    static int n_infos;
+    for (int x = 0; x < n_infos; x++)
+        if (infos[x].k == k && infos[x].dev == dev) return &infos[x];
+    if (n_infos == 128) return NULL;
+    infos[n_infos] = kernel_info{k, dev, 0, -1, 0};
+    return &infos[n_infos++];
+}
+
+/* Makes the kernel for P launchable with its shared memory; *resident:
+ * its thread blocks per SM. */
+static cudaError_t prepare(const vq_cu_attn *P, kernel_t *k, int *resident) {
+    *k = kernel_for(P);
+    const int sm = (int)smem_bytes(P);
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    kernel_info *in = info_for(*k, dev);
+    kernel_info scratch = {*k, dev, 0, -1, 0};
+    if (!in) in = &scratch;
+    if (sm > in->limit) {
+        e = cudaFuncSetAttribute(*k, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
+        if (e != cudaSuccess) return e;
+        in->limit = sm;
+    }
+    if (sm != in->smem) {
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&in->resident, *k, WARPS * 32, sm);
+        if (e != cudaSuccess) return e;
+        in->smem = sm;
+    }
+    *resident = in->resident;
+    return cudaSuccess;
+}
+
+int vq_cu_kivi_resident(const vq_cu_attn *P) {
+    kernel_t k;
+    int r = 0;
+    return prepare(P, &k, &r) == cudaSuccess && r > 0 ? r : 1;
 }
 
 cudaError_t vq_cu_kivi_fast_launch(const vq_cu_attn *P, int parts, int n_seqs) {
-    int kb = P->mk.bits, vb = P->mv.bits;
-    if (kb == 2 && vb == 2) return launch_group<2, 2>(P, parts, n_seqs);
-    if (kb == 2 && vb == 4) return launch_group<2, 4>(P, parts, n_seqs);
-    if (kb == 4 && vb == 2) return launch_group<4, 2>(P, parts, n_seqs);
-    return launch_group<4, 4>(P, parts, n_seqs);
+    kernel_t k;
+    int r = 0;
+    cudaError_t e = prepare(P, &k, &r);
+    if (e != cudaSuccess) return e;
+    k<<<dim3(parts, P->hkv, n_seqs), WARPS * 32, smem_bytes(P)>>>(*P);
+    return cudaGetLastError();
 }

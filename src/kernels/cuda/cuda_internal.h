@@ -132,6 +132,9 @@ __device__ __forceinline__ int32_t vq_cu_qpos_at(const vq_cu_attn &P, size_t i) 
 #define VQ_CU_KIVI_WARPS 4
 bool vq_cu_kivi_fast_ok(const vq_cu_attn *P);
 cudaError_t vq_cu_kivi_fast_launch(const vq_cu_attn *P, int parts, int n_seqs);
+/* Its thread blocks resident per SM for these arguments (at least 1; the
+ * runtime's occupancy for the kernel instance and its shared memory). */
+int vq_cu_kivi_resident(const vq_cu_attn *P);
 
 /* The row decode kernel (attend_decode.cu): whether it takes these
  * arguments (one query token, head dim 64/128/256, at most 8 q heads per
