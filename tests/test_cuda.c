@@ -305,7 +305,7 @@ static void test_errors(vq_rng *r) {
 }
 
 int main(int argc, char **argv) {
-    /* --small: three short cases, for compute-sanitizer runs */
+    /* --small: four short cases, for compute-sanitizer runs */
     int small = argc > 1 && strcmp(argv[1], "--small") == 0;
     if (vq_cuda_device_count() < 1) {
         printf("no usable CUDA device: skipped\n");

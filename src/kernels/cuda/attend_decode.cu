@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(WARPS * 32) rows_decode(const __grid_constant_
     const int my_head = li / HL;
     const int slot_idx = first_slot + blockIdx.x;
     const bool window = FMT == ROWS_FP16 && slot_idx == P.n_parts - 1;
+    if (P.pdl) vq_cu_launch_dependents(); /* the reduction kernel waits for this one's end */
 
     /* q (scaled for exp2) of every head, lane's 8 channels */
     const float qs = P.scale * 1.4426950408889634f;
@@ -292,6 +293,10 @@ __global__ void __launch_bounds__(WARPS * 32) rows_decode(const __grid_constant_
         o[acc_off + c] = A;
         if (P.split) o[(window ? VQ_CU_PART_ACC : VQ_CU_PART_ACC + D) + c] = 0; /* the other domain's sum */
     }
+    /* launched as a dependent of the KIVI kernel (and running beside it):
+     * end only after it, so that the reduction, which waits for this
+     * kernel, sees every partial */
+    if (P.pdl) vq_cu_wait_primary();
 }
 
 bool vq_cu_rows_decode_ok(const vq_cu_attn *P) {
@@ -308,8 +313,15 @@ static cudaError_t launch(const vq_cu_attn *P, int parts, int n_seqs, int first_
     /* rows of K and V in flight per lane and chunk: 8, fewer when the
      * accumulators take more registers */
     constexpr int U = G == 8 ? 4 : 8;
-    rows_decode<FMT, D, G, U><<<dim3(parts, P->hkv, n_seqs), WARPS * 32>>>(*P, first_slot);
-    return cudaGetLastError();
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(parts, P->hkv, n_seqs);
+    cfg.blockDim = dim3(WARPS * 32);
+    cfg.attrs = &at;
+    cfg.numAttrs = P->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, rows_decode<FMT, D, G, U>, *P, first_slot);
 }
 
 template <int FMT, int D>

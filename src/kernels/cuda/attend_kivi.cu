@@ -227,6 +227,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     const int n_blocks = (S.n_quant + bt - 1) / bt;
     const int b0 = part * P.part_blocks, b1 = min(b0 + P.part_blocks, n_blocks);
     uint8_t *const *table = S.table + (size_t)h * P.max_blocks;
+    if (P.pdl) vq_cu_launch_dependents(); /* the window kernel does not read what this one writes */
 
     /* q of head qn (zero past the group), scaled for exp2 and by Q_SCALE,
      * as an fp16 hi + lo pair in the B fragment layout. G4: B column i

@@ -113,7 +113,19 @@ typedef struct {
     float *partials;     /* [seq][hkv][row_chunk][slot][RMAX][part_w]: max, sum, pad, acc */
     void *out;
     int out_f16;
+    /* Decode over KIVI blocks: the window and reduction kernels are
+     * launched as programmatic dependents (see attend.cu). */
+    int pdl;
 } vq_cu_attn;
+
+/* Programmatic dependent launch (sm_90): let the next kernel of the
+ * stream, launched as a programmatic dependent, start now; wait until the
+ * kernel this one depends on has finished and its writes are visible.
+ * Both are no-ops in a kernel launched the ordinary way. */
+__device__ __forceinline__ void vq_cu_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void vq_cu_wait_primary() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 /* Sequence s of the attention arguments. The kernels take them as a
  * __grid_constant__ parameter, so the inline arrays are read in place. */
