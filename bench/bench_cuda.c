@@ -3,9 +3,10 @@
  * the same run. GPU time from CUDA events; median over repetitions; several
  * sets of caches rotated when one set would fit in L2.
  *
- *   bench_cuda [--quick] [--shape=BATCH,SEQ] [SPEC_SUBSTRING]
+ *   bench_cuda [--quick] [--shape=BATCH,SEQ ...] [SPEC_SUBSTRING]
  *
- * (--shape=1,1, no shape of the table, times the appends alone.)
+ * (--shape picks shapes of the table, and may be repeated; --shape=1,1, no
+ * shape of the table, times the appends alone.)
  *
  * Prints a table: spec, batch, seq, median us (min..max), packed MB read,
  * GB/s on the packed bytes, % of the copy bandwidth. */
@@ -76,10 +77,12 @@ static void *random_rows(size_t n_vals, unsigned seed) {
 int main(int argc, char **argv) {
     int quick = 0;
     const char *only = NULL; /* run the specs containing this string */
-    int one_b = 0, one_s = 0;  /* run this shape alone */
+    int pick[8][2], n_pick = 0; /* run these shapes alone */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
-        else if (strncmp(argv[i], "--shape=", 8) == 0 && sscanf(argv[i] + 8, "%d,%d", &one_b, &one_s) == 2) continue;
+        else if (strncmp(argv[i], "--shape=", 8) == 0 && n_pick < 8 &&
+                 sscanf(argv[i] + 8, "%d,%d", &pick[n_pick][0], &pick[n_pick][1]) == 2)
+            n_pick++;
         else only = argv[i];
     }
     if (vq_cuda_device_count() < 1) {
@@ -93,9 +96,12 @@ int main(int argc, char **argv) {
     const int shapes[][2] = {{1, 4096}, {1, 32768}, {1, 131072}, {8, 16384}, {8, 32768}, {8, 131072}, {32, 16384}};
     int n_shapes = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
     int max_seq = 8192; /* the appends' tokens; more for the decode shapes that run */
-    for (int shp = 0; shp < n_shapes; shp++)
-        if ((!one_b || (shapes[shp][0] == one_b && shapes[shp][1] == one_s)) && shapes[shp][1] > max_seq)
-            max_seq = shapes[shp][1];
+    int run[sizeof shapes / sizeof shapes[0]];
+    for (int shp = 0; shp < n_shapes; shp++) {
+        run[shp] = !n_pick;
+        for (int k = 0; k < n_pick; k++) run[shp] |= shapes[shp][0] == pick[k][0] && shapes[shp][1] == pick[k][1];
+        if (run[shp] && shapes[shp][1] > max_seq) max_seq = shapes[shp][1];
+    }
     void *kin = random_rows((size_t)max_seq * HKV * D, 1), *vin = random_rows((size_t)max_seq * HKV * D, 2);
     if (!kin || !vin) die("input rows");
     void *busy[2] = {NULL, NULL};
@@ -109,7 +115,7 @@ int main(int argc, char **argv) {
         if (only && !strstr(specs[si], only)) continue;
         for (int shp = 0; shp < n_shapes; shp++) {
             int B = shapes[shp][0], S = shapes[shp][1];
-            if (one_b && (B != one_b || S != one_s)) continue;
+            if (!run[shp]) continue;
             vq_cache_config cfg = {.n_layers = 1, .n_heads_q = HQ, .n_heads_kv = HKV, .head_dim = D,
                                    .kv_spec = specs[si], .capacity = S, .device = VQ_DEVICE_CUDA};
             /* sets of B caches; more sets when one set fits in L2 */
