@@ -305,7 +305,7 @@ static void test_errors(vq_rng *r) {
 }
 
 int main(int argc, char **argv) {
-    /* --small: four short cases, for compute-sanitizer runs */
+    /* --small: six short cases, for compute-sanitizer runs */
     int small = argc > 1 && strcmp(argv[1], "--small") == 0;
     if (vq_cuda_device_count() < 1) {
         printf("no usable CUDA device: skipped\n");
@@ -361,11 +361,15 @@ int main(int argc, char **argv) {
         {"tq-mse:bits=4", 8, 2, 128, 200, 1, VQ_BF16, 0, 6},
     };
     if (small) {
+        /* f32 rows are staged through registers, fp16 rows by cp.async:
+         * both paths under the sanitizers */
         const case_t few[] = {
             {"fp16", 8, 2, 64, 150, 2, VQ_F32, 0, 0},
             {"kivi:bits=2,group=32", 8, 2, 128, 300, 2, VQ_F32, 0, 0},
             {"kivi:bits=2", 16, 2, 128, 300, 1, VQ_F32, 0, 0},
             {"tq-mse:bits=4", 8, 2, 128, 200, 2, VQ_F32, 0, 0},
+            {"kivi:bits=2,group=32", 8, 2, 128, 300, 2, VQ_F16, 0, 0},
+            {"tq-mse:bits=4", 8, 2, 128, 200, 2, VQ_F16, 0, 0},
         };
         for (size_t i = 0; i < sizeof few / sizeof few[0]; i++) run_case(&few[i], &r);
         return check_done();

@@ -10,13 +10,14 @@
  * so every load and every fp16 store is 16 bytes and a row of d channels
  * takes d / 8 lanes (a warp covers 32 / (d / 8) rows at once). fp16 rows
  * and the window are copied straight from the loads; the quantizers first
- * stage up to 32 rows in the warp's shared tile (one copy of the load code,
- * 8 rows in flight per lane) and work from there. Reductions over channels
- * (KIVI value groups, the Hadamard transform) are shuffles between the
- * lanes of a row; KIVI key groups reduce over the rows a lane visits, then
- * across the row slots of the warp. Packed codes follow the planes layout
- * (codes.cuh): a lane's 8 codes fill one 8-byte word of a plane, and the
- * lanes that share those bytes OR their words together.
+ * stage up to 32 rows in the warp's shared tile (by cp.async when the rows
+ * are fp16 on 16-byte boundaries: every row in flight at once; else through
+ * registers, 8 rows in flight per lane) and work from there. Reductions
+ * over channels (KIVI value groups, the Hadamard transform) are shuffles
+ * between the lanes of a row; KIVI key groups reduce over the rows a lane
+ * visits, then across the row slots of the warp. Packed codes follow the
+ * planes layout (codes.cuh): a lane's 8 codes fill one 8-byte word of a
+ * plane, and the lanes that share those bytes OR their words together.
  *
  * Arithmetic follows the CPU encoders step for step (IEEE rounding, rint,
  * no contraction into FMA: the _rn intrinsics; minima and maxima merged in
@@ -264,9 +265,10 @@ __device__ void enc_fp16(const vq_cu_append_args &a, bool al, size_t off, bool v
 
 /* Rows [i, i + n) (n <= tile_rows) of head h's K or V into the warp's
  * tile as fp16 rows of pitch d + 8 (conflict-free 16-byte reads of a row
- * per lane). Not inlined: the callers share one copy of the load code. */
-__device__ __noinline__ void stage(const vq_cu_append_args &a, bool al, int h, int i, int n, bool value, lanes L,
-                                   uint16_t *tile) {
+ * per lane), through registers: any dtype and alignment. Not inlined: the
+ * callers share one copy of the load code. */
+__device__ __noinline__ void stage_loads(const vq_cu_append_args &a, bool al, int h, int i, int n, bool value, lanes L,
+                                         uint16_t *tile) {
     const int pitch = a.d + 8;
     __syncwarp(); /* earlier reads of the tile are done */
     for (int r = 0; r < n; r += L.tpw * UNROLL) {
@@ -283,6 +285,41 @@ __device__ __noinline__ void stage(const vq_cu_append_args &a, bool al, int h, i
         }
     }
     __syncwarp();
+}
+
+/* The first byte of stream token i's row of K or V (window rows are
+ * fp16; new rows come in the input dtype). */
+__device__ __forceinline__ const char *row_addr(const vq_cu_append_args &a, int h, int i, bool value) {
+    if (i < a.win_n) return (const char *)((value ? a.old_v : a.old_k) + ((size_t)h * a.win_cap + i) * a.d);
+    const int es = a.dtype == VQ_F32 ? 4 : 2;
+    return (const char *)(value ? a.v : a.k) + ((size_t)(i - a.win_n) * a.H + h) * a.d * es;
+}
+
+/* stage_loads() for fp16 rows on 16-byte boundaries, by cp.async: every
+ * row of the chunk in flight at once (stage_loads has at most 8 per lane,
+ * so 32 rows take it two rounds) and no registers held for them. With it
+ * 8192 tokens append in 13 % less time (KIVI and tq-mse, H200). */
+__device__ __noinline__ void stage_async(const vq_cu_append_args &a, int h, int i, int n, bool value, lanes L,
+                                         uint16_t *tile) {
+    const int pitch = a.d + 8;
+    __syncwarp(); /* earlier reads of the tile are done */
+    if (L.on)
+        for (int row = L.sub; row < n; row += L.tpw) {
+            const char *src = row_addr(a, h, i + row, value) + L.c0 * 2;
+            unsigned dst = (unsigned)__cvta_generic_to_shared(tile + row * pitch + L.c0);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+        }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncwarp();
+}
+
+/* The window's rows are always fp16 on 16-byte boundaries; new rows are
+ * when the input is fp16 and its pointers are aligned. */
+__device__ __forceinline__ void stage(const vq_cu_append_args &a, bool al, int h, int i, int n, bool value,
+                                      const lanes &L, uint16_t *tile) {
+    if (al && a.dtype == VQ_F16) stage_async(a, h, i, n, value, L, tile);
+    else stage_loads(a, al, h, i, n, value, L, tile);
 }
 
 /* This lane's 8 channels of tile row `row` as floats (zeros off the row). */
@@ -474,17 +511,10 @@ __device__ void enc_tq_mse(const vq_cu_append_args &a, bool al, const vq_cu_meth
     }
 }
 
-/* at most 128 registers: 4 thread blocks (16 warps) per SM */
-__global__ void __launch_bounds__(WARPS * 32, 4)
-    append_kernel(const __grid_constant__ vq_cu_append_args a, int unit, int enc_units, int items, bool aligned) {
-    extern __shared__ uint4 tiles[]; /* quantizers: one tile per warp */
-    __shared__ float bnd[2][16];     /* tq-mse boundaries, k then v */
-    if (threadIdx.x == 0)
-        for (int b = 0; b < 15; b++) bnd[0][b] = a.mk.boundary[b], bnd[1][b] = a.mv.boundary[b];
-    __syncthreads();
-    const int warp = threadIdx.x / 32, item = blockIdx.x * WARPS + warp;
-    if (item >= items) return;
-    const lanes L = lanes_for(a.d);
+/* One item: a (head, unit, K or V) of the encoded tokens, or a (head,
+ * unit) of the window. */
+__device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, int unit, int enc_units, bool aligned,
+                                         const lanes &L, uint16_t *tile, float (*bnd)[16]) {
     const int enc_tokens = a.flushes * a.flush, enc_items = 2 * enc_units * a.H;
     if (item < enc_items) {
         const bool value = item & 1;
@@ -492,7 +522,6 @@ __global__ void __launch_bounds__(WARPS * 32, 4)
         const int i0 = u * unit, cnt = enc_tokens - i0 < unit ? enc_tokens - i0 : unit;
         const vq_cu_method &m = value ? a.mv : a.mk;
         const size_t off = value ? a.k_bytes : 0;
-        uint16_t *tile = (uint16_t *)tiles + (size_t)warp * tile_rows(a.d) * (a.d + 8);
         if (m.kind == VQ_CU_FP16) enc_fp16(a, aligned, off, value, h, i0, cnt, L);
         else if (m.kind == VQ_CU_KIVI && value) enc_kivi_values(a, aligned, m, h, i0, cnt, L, tile);
         else if (m.kind == VQ_CU_KIVI) enc_kivi_keys(a, aligned, m, h, i0, cnt, L, tile);
@@ -530,6 +559,21 @@ __global__ void __launch_bounds__(WARPS * 32, 4)
     }
     for (int t = L.lane; t < cnt; t += 32)
         a.new_pos[(size_t)h * a.win_cap + dst0 + j0 + t] = pos_of(a, h, src0 + j0 + t);
+}
+
+/* at most 128 registers: 4 thread blocks (16 warps) per SM */
+__global__ void __launch_bounds__(WARPS * 32, 4)
+    append_kernel(const __grid_constant__ vq_cu_append_args a, int unit, int enc_units, int items, bool aligned) {
+    extern __shared__ uint4 tiles[]; /* quantizers: one tile per warp */
+    __shared__ float bnd[2][16];     /* tq-mse boundaries, k then v */
+    if (threadIdx.x == 0)
+        for (int b = 0; b < 15; b++) bnd[0][b] = a.mk.boundary[b], bnd[1][b] = a.mv.boundary[b];
+    __syncthreads();
+    const int warp = threadIdx.x / 32;
+    const lanes L = lanes_for(a.d);
+    uint16_t *tile = (uint16_t *)tiles + (size_t)warp * tile_rows(a.d) * (a.d + 8);
+    const int item = blockIdx.x * WARPS + warp;
+    if (item < items) run_item(a, item, unit, enc_units, aligned, L, tile, bnd);
 }
 
 cudaError_t vq_cu_launch_append(const vq_cu_append_args *a) {
