@@ -168,6 +168,21 @@ static ALWAYS_INLINE void dot_plane(const float *qs, const uint8_t *c, int strid
     }
 }
 
+/* One token's per-lane partial dot products: v[r] for 4 rows (8 lanes
+ * each, summed later), or for one row spread over v[0..3]. */
+static ALWAYS_INLINE void dot_token(const float *qs, const uint8_t *ct, int d, const int bits, const int R,
+                                    __m256 v[4]) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    if (bits == 3) {
+        dot_plane(qs, ct, d / 4, 2, R, acc);
+        dot_plane(qs + 4 * (size_t)d, ct + d / 4, d / 8, 1, R, acc);
+    } else {
+        dot_plane(qs, ct, (int)code_bytes(bits, d), bits, R, acc);
+    }
+    for (int i = 0; i < 4; i++) v[i] = _mm256_add_ps(acc[i], acc[4 + i]);
+}
+
 /* Scores tokens [t0, t0 + n) for R rows (4 or 1); bits and R are constants
  * in each caller, so the unpacking uses immediate masks and the
  * accumulators stay in registers. */
@@ -183,18 +198,28 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
         const uint16_t *sc = meta + (size_t)g * 2 * d;
         prep_keys(q, R, d, ps, nsets, sc, sc + d, qs, qz);
         __m128 vz = _mm_loadu_ps(qz);
-        for (; t < end; t++) {
-            const uint8_t *ct = blk + (size_t)t * cb;
-            __m256 acc[8];
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-            if (bits == 3) {
-                dot_plane(qs, ct, d / 4, 2, R, acc);
-                dot_plane(qs + 4 * (size_t)d, ct + d / 4, d / 8, 1, R, acc);
-            } else {
-                dot_plane(qs, ct, (int)cb, bits, R, acc);
+        /* 4 rows: 8 tokens' per-lane partials are kept and summed by one
+         * transposing hadd tree per row, 8 logits per store (instead of a
+         * tree, an extract and four scalar stores per token: about 1 ns per
+         * token and kv head less in cache) */
+        for (; R == 4 && t + 8 <= end; t += 8) {
+            __m256 part[4][8]; /* [row][token] */
+            for (int k = 0; k < 8; k++) {
+                __m256 v[4];
+                dot_token(qs, blk + (size_t)(t + k) * cb, d, bits, R, v);
+                for (int r = 0; r < 4; r++) part[r][k] = v[r];
             }
+            for (int r = 0; r < 4; r++) {
+                __m256 *p = part[r];
+                __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
+                __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
+                __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+                _mm256_storeu_ps(logits + (size_t)r * ld + (t - t0), _mm256_add_ps(sum, _mm256_set1_ps(qz[r])));
+            }
+        }
+        for (; t < end; t++) {
             __m256 v[4];
-            for (int i = 0; i < 4; i++) v[i] = _mm256_add_ps(acc[i], acc[4 + i]);
+            dot_token(qs, blk + (size_t)t * cb, d, bits, R, v);
             float *l = logits + (t - t0);
             if (R == 1) {
                 l[0] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3]))) + qz[0];
@@ -296,13 +321,12 @@ static ALWAYS_INLINE __m256i pair_codes(const uint8_t *ca, const uint8_t *cb, __
 }
 
 /* acc[R rows][8 channels from ch] += deq[r] * fs * sum over the chunk's
- * token pairs of the weight pairs times one slot of 8 plane bytes (R = 4
- * or 1, a constant). The codes are taken with a mask only, c * 2^(bits j)
- * (at most 255: fits the int16 operand); fs = 2^shl / 2^(bits j) takes the
- * power back. wg: the weight pairs of the slot's group, row r at wg + r *
- * CHUNK / 2. Eight channels a step keep R accumulators live: with 16 (two
- * accumulators a row) GCC spilled one, and the loop ran at the latency of
- * the store and reload. The float factors are formed after the loop. */
+ * token pairs of the weight pairs times one slot of 8 plane bytes (R a
+ * constant; accum_plane sends 4 rows to accum_slot16 and single rows here).
+ * The codes are taken with a mask only, c * 2^(bits j) (at most 255: fits
+ * the int16 operand); fs = 2^shl / 2^(bits j) takes the power back. wg: the
+ * weight pairs of the slot's group, row r at wg + r * CHUNK / 2. The float
+ * factors are formed after the loop. */
 static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, __m256i mask,
                                      const float *deq, float fs, const int R, float *acc, int d) {
     __m256i a[4];
@@ -326,10 +350,57 @@ static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, co
     }
 }
 
+/* accum_slot for 4 rows and 16 channels (one group: runs of 16 start at
+ * multiples of 16 and groups are at least 32 wide): one 16-byte load per
+ * token serves two vectors of 8 channel pairs, and each weight broadcast
+ * two madds. Slot j of b-bit codes is taken with two immediate shifts (up
+ * to the top of the 16-bit lane, down to the bottom), so it counts as c
+ * itself and no mask register is needed: 8 accumulators, the two code
+ * vectors and the weights then fit in the 16 registers (with a mask GCC
+ * kept one accumulator on the stack, and the loop ran at the latency of
+ * its store and reload). */
+static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, const int bits,
+                                       const int j, const float *deq, float fs, float *acc, int d) {
+    __m256i a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
+    const uint8_t *ca = codes;
+    const int32_t *wt = wg;
+    for (int t = 0; t < cn; t += 2, ca += 2 * cb, wt++) {
+        __m128i xa = _mm_loadu_si128((const __m128i *)ca);
+        /* an odd last token is paired with itself: its partner's weight is 0 */
+        __m128i xb = t + 1 < cn ? _mm_loadu_si128((const __m128i *)(ca + cb)) : xa;
+        __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
+        __m256i hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
+        lo = _mm256_srli_epi16(_mm256_slli_epi16(lo, 16 - bits * (j + 1)), 16 - bits);
+        hi = _mm256_srli_epi16(_mm256_slli_epi16(hi, 16 - bits * (j + 1)), 16 - bits);
+        for (int r = 0; r < 4; r++) {
+            __m256i w = _mm256_set1_epi32(wt[r * (CHUNK / 2)]);
+            a[2 * r] = _mm256_add_epi32(a[2 * r], _mm256_madd_epi16(lo, w));
+            a[2 * r + 1] = _mm256_add_epi32(a[2 * r + 1], _mm256_madd_epi16(hi, w));
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        float *o = acc + (size_t)r * d;
+        __m256 f = _mm256_set1_ps(deq[r] * fs);
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r]), f, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r + 1]), f, _mm256_loadu_ps(o + 8)));
+    }
+}
+
 /* All slots of one plane set for one chunk; a code of this plane set
  * counts 2^shl (the high bit of 3-bit codes: 4). wp is [group][row][pair]. */
-static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, int stride, int bits, int shl,
+static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, int stride, const int bits, int shl,
                                       int G, const int32_t *wp, const float *deq, const int R, float *acc, int d) {
+    if (R == 4) {
+        for (int u = 0; u < stride; u += 16)
+#pragma GCC unroll 8
+            for (int j = 0; j < 8 / bits; j++) {
+                int ch = j * stride + u, g = ch / G;
+                accum_slot16(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, deq, (float)(1 << shl),
+                             acc + ch, d);
+            }
+        return;
+    }
     for (int u = 0; u < stride; u += 8)
         for (int j = 0; j < 8 / bits; j++) {
             int ch = j * stride + u, g = ch / G;
@@ -339,9 +410,47 @@ static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, i
         }
 }
 
+/* 8 x 8 float transpose: row i of the result holds element i of each input. */
+static ALWAYS_INLINE void transpose8(__m256 x[8]) {
+    __m256 a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm256_unpacklo_ps(x[i], x[i + 1]);
+        a[i + 1] = _mm256_unpackhi_ps(x[i], x[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        b[i] = _mm256_shuffle_ps(a[i], a[i + 2], 0x44);
+        b[i + 1] = _mm256_shuffle_ps(a[i], a[i + 2], 0xEE);
+        b[i + 2] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+        b[i + 3] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        x[i] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x20);
+        x[i + 4] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x31);
+    }
+}
+
+/* A whole chunk's value metadata, [CHUNK][ng][scale, zero] halves, as
+ * sT, zT [ng][CHUNK] floats when ng is a multiple of 4: 8 halves of a token
+ * (4 groups' scale and zero) are one vector, and 8 tokens' vectors
+ * transposed give 8 tokens of each of the 4 groups' scales and zeros. */
+static void regroup_meta4(const uint16_t *m, int ng, float *sT, float *zT) {
+    for (int t = 0; t < CHUNK; t += 8)
+        for (int g = 0; g < ng; g += 4) {
+            __m256 x[8];
+            for (int i = 0; i < 8; i++)
+                x[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + ((size_t)(t + i) * ng + g) * 2)));
+            transpose8(x);
+            for (int k = 0; k < 4; k++) {
+                _mm256_storeu_ps(sT + (g + k) * CHUNK + t, x[2 * k]);
+                _mm256_storeu_ps(zT + (g + k) * CHUNK + t, x[2 * k + 1]);
+            }
+        }
+}
+
 /* Accumulates tokens [t0, t0 + n) into R rows (4 or 1). */
-static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d, int G, int bits, const uint8_t *blk,
-                                     int block_tokens, int t0, int n, float *acc, float *scratch) {
+static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d, int G, const int bits,
+                                     const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
+                                     float *scratch) {
     int ng = d / G, cmax = bits == 3 ? 7 : (1 << bits) - 1;
     size_t cb = code_bytes(bits, d);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
@@ -356,24 +465,35 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
     for (int i = 0; i < R * ng; i++) zv[i] = _mm256_setzero_ps();
     for (int c0 = t0; c0 < t0 + n; c0 += CHUNK) {
         int cn = t0 + n - c0 < CHUNK ? t0 + n - c0 : CHUNK;
-        /* the chunk's metadata is contiguous: convert it 8 halves at a
-         * time, then regroup by group (plain float copies) */
         const uint16_t *m = meta + (size_t)c0 * ng * 2;
-        int nh = cn * ng * 2, i = 0;
-        for (; i + 8 <= nh; i += 8) _mm256_storeu_ps(mf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + i))));
-        for (; i < nh; i++) mf[i] = _cvtsh_ss(m[i]);
-        for (int g = 0; g < ng; g++) {
-            for (int t = 0; t < cn; t++) {
-                sT[g * CHUNK + t] = mf[(t * ng + g) * 2];
-                zT[g * CHUNK + t] = mf[(t * ng + g) * 2 + 1];
+        if (cn == CHUNK && ng % 4 == 0) {
+            regroup_meta4(m, ng, sT, zT);
+        } else {
+            /* the chunk's metadata is contiguous: convert it 8 halves at a
+             * time, then regroup by group (plain float copies) */
+            int nh = cn * ng * 2, i = 0;
+            for (; i + 8 <= nh; i += 8)
+                _mm256_storeu_ps(mf + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + i))));
+            for (; i < nh; i++) mf[i] = _cvtsh_ss(m[i]);
+            for (int g = 0; g < ng; g++) {
+                for (int t = 0; t < cn; t++) {
+                    sT[g * CHUNK + t] = mf[(t * ng + g) * 2];
+                    zT[g * CHUNK + t] = mf[(t * ng + g) * 2 + 1];
+                }
+                for (int t = cn; t < CHUNK; t++) sT[g * CHUNK + t] = zT[g * CHUNK + t] = 0.0f;
             }
-            for (int t = cn; t < CHUNK; t++) sT[g * CHUNK + t] = zT[g * CHUNK + t] = 0.0f;
         }
         float deq[4];
         for (int r = 0; r < R; r++) {
-            float *wr = wbuf + r * CHUNK;
-            memcpy(wr, w + (size_t)r * ld + (c0 - t0), sizeof(float) * (size_t)cn);
-            memset(wr + cn, 0, sizeof(float) * (size_t)(CHUNK - cn));
+            /* a whole chunk's weights are read in place; a shorter one is
+             * copied and padded with zero weights */
+            const float *wr = w + (size_t)r * ld + (c0 - t0);
+            if (cn < CHUNK) {
+                float *wc = wbuf + r * CHUNK;
+                memcpy(wc, wr, sizeof(float) * (size_t)cn);
+                memset(wc + cn, 0, sizeof(float) * (size_t)(CHUNK - cn));
+                wr = wc;
+            }
             deq[r] = prep_weights(wr, sT, zT, ng, cmax, wp + (size_t)r * (CHUNK / 2), (size_t)R * (CHUNK / 2),
                                   zv + (size_t)r * ng);
         }
@@ -403,7 +523,13 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
         const float *wr = w + (size_t)r0 * ld;
         float *ar = acc + (size_t)r0 * d;
         if (rows - r0 >= 4) {
-            accum_rows(wr, ld, 4, d, G, p->bits, blk, block_tokens, t0, n, ar, scratch);
+            /* bits a constant in each call: immediate shifts in accum_slot16 */
+            switch (p->bits) {
+            case 2: accum_rows(wr, ld, 4, d, G, 2, blk, block_tokens, t0, n, ar, scratch); break;
+            case 3: accum_rows(wr, ld, 4, d, G, 3, blk, block_tokens, t0, n, ar, scratch); break;
+            case 4: accum_rows(wr, ld, 4, d, G, 4, blk, block_tokens, t0, n, ar, scratch); break;
+            default: accum_rows(wr, ld, 4, d, G, 8, blk, block_tokens, t0, n, ar, scratch); break;
+            }
             r0 += 4;
         } else {
             accum_rows(wr, ld, 1, d, G, p->bits, blk, block_tokens, t0, n, ar, scratch);
