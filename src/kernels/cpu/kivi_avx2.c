@@ -392,9 +392,12 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
 static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, int stride, const int bits, int shl,
                                       int G, const int32_t *wp, const float *deq, const int R, float *acc, int d) {
     if (R == 4) {
+        /* the slot count outside the loop test: with UBSan's division check
+         * in the test, GCC drops the unroll pragma (and warns) */
+        const int slots = 8 / bits;
         for (int u = 0; u < stride; u += 16)
 #pragma GCC unroll 8
-            for (int j = 0; j < 8 / bits; j++) {
+            for (int j = 0; j < slots; j++) {
                 int ch = j * stride + u, g = ch / G;
                 accum_slot16(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, deq, (float)(1 << shl),
                              acc + ch, d);
