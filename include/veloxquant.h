@@ -87,7 +87,10 @@ double vq_rng_uniform(vq_rng *r);           /* [0, 1) */
 double vq_rng_normal(vq_rng *r);            /* N(0, 1) */
 
 /* A small pool of worker threads. Work is split into numbered tasks; which
- * thread runs a task never changes a result. */
+ * thread runs a task never changes a result. Idle workers poll for about
+ * 2 ms after each run before they sleep, so runs that follow each other
+ * (the layers of a decode step) start without a wake-up; give the pool no
+ * more threads than there are free cores. */
 typedef struct vq_pool vq_pool;
 vq_status vq_pool_create(int n_threads, vq_pool **out); /* 1..256 */
 void vq_pool_free(vq_pool *p);
