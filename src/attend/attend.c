@@ -66,6 +66,7 @@ typedef struct {
     int n_parts;        /* partitions per head, the window included */
     int n_row_chunks;
     int tasks_per_head;
+    int threads;        /* the pool's, the caller included */
     float scale;
     /* Keys whose method prepares queries (rotation, projection, tables):
      * split mode prepares the rows of every head once per call,
@@ -202,8 +203,20 @@ static int load_rows(const job *jb, int h, int r0, int nr, float *qbuf, int32_t 
     return nr;
 }
 
-static void stream_range(const job *jb, const vq_stream *s, int b0, int b1, bool window, int nr,
-                         const float *qbuf, const float *kq, const int32_t *qpos, int32_t qpos_max, float *m,
+/* Block b of stream s as a prefetch target; false for blocks left to the
+ * hardware prefetcher. */
+static bool block_target(const vq_cache *c, const vq_stream *s, int b, next_block *nx) {
+    const vq_block_class *k = &c->cls[s->blk_class[b]];
+    if (k->bytes > PREFETCH_MAX_BYTES) return false;
+    *nx = (next_block){s->blocks[b], s->blocks[b] + k->k_bytes, k->k_bytes, k->bytes - k->k_bytes};
+    return true;
+}
+
+/* Blocks [b0, b1) of one stream, then its window if asked. `after` (or
+ * NULL) is prefetched during the last block: the first block of the task
+ * this thread will likely take next. */
+static void stream_range(const job *jb, const vq_stream *s, int b0, int b1, bool window, const next_block *after,
+                         int nr, const float *qbuf, const float *kq, const int32_t *qpos, int32_t qpos_max, float *m,
                          float *l, float *acc, float *accw, float *logits, float *mscratch, float *kw_head, int row0) {
     const vq_cache *c = jb->c;
     int64_t slot0 = 0;
@@ -212,12 +225,8 @@ static void stream_range(const job *jb, const vq_stream *s, int b0, int b1, bool
         int n = s->blk_n[b];
         uint8_t *blk = s->blocks[b];
         const vq_block_class *k = &c->cls[s->blk_class[b]];
-        next_block nx, *next = NULL;
-        if (b + 1 < b1 && c->cls[s->blk_class[b + 1]].bytes <= PREFETCH_MAX_BYTES) {
-            const vq_block_class *kn = &c->cls[s->blk_class[b + 1]];
-            nx = (next_block){s->blocks[b + 1], s->blocks[b + 1] + kn->k_bytes, kn->k_bytes, kn->bytes - kn->k_bytes};
-            next = &nx;
-        }
+        next_block nx;
+        const next_block *next = b + 1 < b1 ? (block_target(c, s, b + 1, &nx) ? &nx : NULL) : after;
         run_span(jb, next, nr, qbuf, kq, qpos, qpos_max, blk, blk + k->k_bytes, k->cap, vq_blk_pos(c, s, b), n, m,
                  l, acc, accw, logits, mscratch, false, kw_head, row0, slot0);
         slot0 += n;
@@ -299,9 +308,19 @@ static void task_fn(void *ctx, int task, int thread) {
         int b0 = sub * jb->part_blocks, b1 = b0 + jb->part_blocks;
         if (b1 > s->n_blocks) b1 = s->n_blocks;
         bool window = sub == jb->n_parts - 1;
+        /* The pool hands tasks out in order, so this thread's next task is
+         * likely `threads` further on; the first block of a partition has no
+         * block before it to prefetch it (at 512 tokens a partition, 1 of 8
+         * KIVI blocks). */
+        next_block la, *after = NULL;
+        int nt = task + jb->threads, h2 = nt / jb->tasks_per_head, b2 = nt % jb->tasks_per_head * jb->part_blocks;
+        if (nt < c->cfg.n_heads_kv * jb->tasks_per_head) {
+            const vq_stream *s2 = &c->streams[(size_t)jb->layer * c->cfg.n_heads_kv + h2];
+            if (b2 < s2->n_blocks && block_target(c, s2, b2, &la)) after = &la;
+        }
         if (b0 < b1 || window)
-            stream_range(jb, s, b0 < b1 ? b0 : 0, b0 < b1 ? b1 : 0, window, nr, t.qbuf, kq, qp, qpos_max, t.m, t.l,
-                         t.acc, t.accw, t.logits, t.mscratch, kw_head, r0);
+            stream_range(jb, s, b0 < b1 ? b0 : 0, b0 < b1 ? b1 : 0, window, after, nr, t.qbuf, kq, qp, qpos_max, t.m,
+                         t.l, t.acc, t.accw, t.logits, t.mscratch, kw_head, r0);
         float *part = jb->partials + ((size_t)h * jb->n_parts + sub) * nr * jb->part_w;
         for (int r = 0; r < nr; r++) {
             float *pr = part + (size_t)r * jb->part_w;
@@ -312,7 +331,7 @@ static void task_fn(void *ctx, int task, int thread) {
         }
         return;
     }
-    stream_range(jb, s, 0, s->n_blocks, true, nr, t.qbuf, kq, qp, qpos_max, t.m, t.l, t.acc, t.accw, t.logits,
+    stream_range(jb, s, 0, s->n_blocks, true, NULL, nr, t.qbuf, kq, qp, qpos_max, t.m, t.l, t.acc, t.accw, t.logits,
                  t.mscratch, kw_head, r0);
     for (int r = 0; r < nr; r++)
         write_row(jb, h, r0 + r, t.acc + (size_t)r * jb->acc_w, t.accw + (size_t)r * d, t.l[r]);
@@ -473,6 +492,7 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
                        jb.method_floats + (jb.split ? 0 : (size_t)ROW_CHUNK * jb.prep_w);
     jb.thread_floats = (jb.thread_floats + 15) & ~(size_t)15;
     int threads = vq_pool_threads(a->pool);
+    jb.threads = threads;
     size_t partial_floats = jb.split ? (size_t)H * jb.n_parts * jb.rows_total * jb.part_w : 0;
     bool prep_all = prep && jb.split;
     size_t prep_floats = prep_all ? (size_t)H * jb.rows_total * jb.prep_w : 0;
