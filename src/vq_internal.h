@@ -261,6 +261,11 @@ void vq_stream_keep(vq_cache *c, vq_stream *s, const uint8_t *keep);
 void vq_move_tokens(const vq_mparams *p, const uint8_t *src, int bt_src, int s0, uint8_t *dst, int bt_dst, int t0,
                     int n);
 
+/* Capacity (0 = unlimited) bounds the tokens a layer holds after an
+ * append: an error when a layer holding `held` tokens (its largest head)
+ * cannot take n_tokens more (cache/cache.c). */
+vq_status vq_cache_check_room(const vq_cache *c, int layer, int64_t held, int n_tokens);
+
 /* Eviction driven by the cache's policy (cache/evict.c). Before appending
  * n_new tokens to a layer: evicts so that the layer holds at most its
  * budget once they are in. */

@@ -293,9 +293,7 @@ static void row_to_f16(const void *src, vq_dtype dt, int d, uint16_t *dst, float
     }
 }
 
-/* Capacity (0 = unlimited) bounds the tokens a layer holds after an append. */
-static vq_status check_capacity(const vq_cache *c, int layer, int n_tokens) {
-    int64_t held = vq_cache_tokens(c, layer);
+vq_status vq_cache_check_room(const vq_cache *c, int layer, int64_t held, int n_tokens) {
     if (c->cfg.capacity && held + n_tokens > c->cfg.capacity)
         return vq_fail(VQ_ERR_ARG, "appending %d tokens to layer %d would hold %lld tokens, over the capacity %lld",
                        n_tokens, layer, (long long)(held + n_tokens), (long long)c->cfg.capacity);
@@ -323,7 +321,7 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
         return vq_fail(VQ_ERR_ARG, "positions would pass 2^31 - 1");
     }
     if (c->cuda) {
-        vq_status cst = check_capacity(c, layer, n_tokens);
+        vq_status cst = vq_cache_check_room(c, layer, vq_cache_tokens(c, layer), n_tokens);
         return cst ? cst : vq_cuda_append(c, layer, n_tokens, k, v, dtype, positions);
     }
     int H = c->cfg.n_heads_kv, d = c->cfg.head_dim;
@@ -345,7 +343,7 @@ vq_status vq_cache_append(vq_cache *c, int layer, int n_tokens, const void *k, c
     /* With a policy, make room first: the budget holds during the
      * attention that follows too. Eviction checks the capacity against
      * what it would keep before it evicts anything. */
-    st = c->evict ? vq_cache_evict_for(c, layer, n_tokens) : check_capacity(c, layer, n_tokens);
+    st = c->evict ? vq_cache_evict_for(c, layer, n_tokens) : vq_cache_check_room(c, layer, vq_cache_tokens(c, layer), n_tokens);
     if (st) return st;
     size_t new_blocks = 0;
     for (int h = 0; h < H; h++) {

@@ -37,16 +37,6 @@ static vq_status ensure_scratch(vq_evict_state *e, size_t slots) {
     return VQ_OK;
 }
 
-/* Capacity is checked against the counts eviction is about to leave, before
- * anything is evicted: a refused append changes nothing. */
-static vq_status check_room(const vq_cache *c, int layer, int64_t most_kept, int n_new) {
-    if (c->cfg.capacity && most_kept + n_new > c->cfg.capacity)
-        return vq_fail(VQ_ERR_ARG,
-                       "appending %d tokens to layer %d would hold %lld tokens after eviction, over the capacity %lld",
-                       n_new, layer, (long long)(most_kept + n_new), (long long)c->cfg.capacity);
-    return VQ_OK;
-}
-
 static const float *ranks_of(vq_evict_state *e, const vq_stream *s, int64_t n, float *rank) {
     if (!e->p.policy->rank) return s->score;
     e->p.policy->rank(&e->p, s->score, (int)n, rank);
@@ -54,6 +44,8 @@ static const float *ranks_of(vq_evict_state *e, const vq_stream *s, int64_t n, f
 }
 
 vq_status vq_cache_evict_for(vq_cache *c, int layer, int n_new) {
+    /* The capacity is checked against the counts eviction is about to
+     * leave, before anything is evicted: a refused append changes nothing. */
     vq_evict_state *e = c->evict;
     int H = c->cfg.n_heads_kv;
     int64_t budget = vq_evict_budget(e, layer, c->seen[layer] + n_new);
@@ -67,9 +59,9 @@ vq_status vq_cache_evict_for(vq_cache *c, int layer, int n_new) {
         total += n;
         most = n > most ? n : most;
     }
-    if (e->p.adakv ? total <= keep_n * H : most <= keep_n) return check_room(c, layer, most, n_new);
+    if (e->p.adakv ? total <= keep_n * H : most <= keep_n) return vq_cache_check_room(c, layer, most, n_new);
     if (!e->p.adakv) {
-        vq_status st = check_room(c, layer, keep_n, n_new);
+        vq_status st = vq_cache_check_room(c, layer, keep_n, n_new);
         if (st) return st;
     }
     vq_status st = ensure_scratch(e, (size_t)total);
@@ -109,7 +101,7 @@ vq_status vq_cache_evict_for(vq_cache *c, int layer, int n_new) {
         for (int64_t i = 0; i < e->head_n[h]; i++) k += e->head_keep[h][i];
         most_kept = k > most_kept ? k : most_kept;
     }
-    st = check_room(c, layer, most_kept, n_new);
+    st = vq_cache_check_room(c, layer, most_kept, n_new);
     if (st) return st;
     for (int h = 0; h < H; h++) vq_stream_keep(c, vq_stream_at(c, layer, h), e->head_keep[h]);
     return VQ_OK;
