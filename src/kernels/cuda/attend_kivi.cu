@@ -9,7 +9,7 @@
  * partial (max, sum, acc) for the reduction kernel (attend.cu).
  *
  * Scores, per 16 tokens: S^T = C^T Q' with mma.sync m16n8k16 (fp16 in,
- * fp32 accumulate): A = the key codes (exact in fp16: codes_h2), B = Q'[c][n]
+ * fp32 accumulate): A = the key codes (exact fp16 subnormals, below), B = Q'[c][n]
  * = q_n,c * scale_g,c (the key group's per-channel scale folded into q once
  * per group, as an fp16 hi + lo pair built with half2 arithmetic from q's
  * own hi + lo pair, so the scores keep about fp32 accuracy), plus
@@ -22,10 +22,24 @@
  * tokens and channel group g: O^T += C^T P'_g with A = the raw value codes
  * and B = P'_g[t][n] = p_n,t * scale_t,g in fp16, plus sum_t p_n,t
  * zero_t,g, one more mma per 16 tokens (A = the zeros, rows = channel
- * groups), added to the group's channels at the merge. The dot products run over the channels (keys) and
- * tokens (values) in whatever order makes the packed bytes land in the mma
- * fragments cheaply; the B operands use the same order, so the sums are
- * the same.
+ * groups), added to the group's channels at the merge. The dot products
+ * run over the channels (keys) and tokens (values) in whatever order makes
+ * the packed bytes land in the mma fragments cheaply; the B operands use
+ * the same order, so the sums are the same.
+ *
+ * Codes as subnormals: a code masked in place at bit k of a half (k + bits
+ * <= 10), with the exponent bits left 0, is the fp16 subnormal code *
+ * 2^(k - 24), exact, and the tensor cores multiply subnormal inputs
+ * exactly into fp32; so the A operands take one LOP3 per two codes. Every
+ * accumulator sums codes of one bit position k only, and its power of two
+ * is taken out afterwards: the value tiles are one bit position each (the
+ * factor joins the merge's unit), and the key k-steps are ordered so that
+ * each takes one bit position of four bytes of each token, with one
+ * accumulator per bit position, combined once per tile (a0 + a1 / 4 +
+ * a2 / 16 + a3 / 64 for 2 bits: bit position 2p carries 4^p); the scores
+ * stay in units of 2^-24 up to the softmax. (The code ORed into a half
+ * with exponent 25 - k, 2^(10-k) + code, would need a second instruction
+ * to subtract 2^(10-k).)
  *
  * The probabilities go through shared memory as fp16, the rounding that
  * the values' B operand applies anyway.
@@ -78,17 +92,12 @@ static __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint
 }
 
 /* Two codes of b bits at bit k of both halves of x (k + b <= 10: inside
- * the fp16 mantissa) as an exact half2, without a shift: the half with
- * exponent 25 - k and those mantissa bits is 2^(10-k) + code, and
- * subtracting 2^(10-k) leaves the code. b and k are constants after
- * unrolling, so this is one LOP3 and one HSUB2. */
-static __device__ __forceinline__ uint32_t codes_h2(uint32_t x, int b, int k) {
-    const uint32_t magic = (uint32_t)(25 - k) << 10, mask = ((1u << b) - 1) << k;
-    uint32_t h; /* (x & mask) | magic as one LOP3 (the compiler splits it in two) */
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(h) : "r"(x), "r"(mask | mask << 16), "r"(magic | magic << 16));
-    const __half m = __ushort_as_half((unsigned short)magic);
-    __half2 v = __hsub2(*(__half2 *)&h, __half2(m, m));
-    return *(uint32_t *)&v;
+ * the fp16 mantissa) as exact fp16 subnormals: the half with exponent 0
+ * and those mantissa bits is code * 2^(k - 24). One LOP3; the power of two
+ * is taken out of the sums afterwards (see the top of the file). */
+static __device__ __forceinline__ uint32_t codes_sub(uint32_t x, int b, int k) {
+    const uint32_t mask = ((1u << b) - 1) << k;
+    return x & (mask | mask << 16);
 }
 
 static __device__ __forceinline__ uint32_t hmul2_u(uint32_t a, uint32_t b) {
@@ -109,27 +118,28 @@ static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.asyn
 template <int N>
 static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-/* One k-step s of a 16-token key tile. G4: B holds hi and lo in its
- * columns, one mma per k-step, even and odd steps into ch and cl (two
- * chains); else the hi and lo terms into ch and cl. */
+/* One k-step of a 16-token key tile into one accumulator: G4 one mma
+ * (B holds hi and lo in its columns), else the hi and lo terms. */
 template <bool G4>
-static __device__ __forceinline__ void key_mma(float (&ch)[4], float (&cl)[4], int s, uint32_t a0, uint32_t a1,
-                                               uint32_t a2, uint32_t a3, const uint32_t (&bh)[2],
-                                               const uint32_t (&bl)[2]) {
-    if (G4) {
-        mma16816((s & 1) ? cl : ch, a0, a1, a2, a3, bh[0], bh[1]);
-    } else {
-        mma16816(ch, a0, a1, a2, a3, bh[0], bh[1]);
-        mma16816(cl, a0, a1, a2, a3, bl[0], bl[1]);
-    }
+static __device__ __forceinline__ void key_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               const uint32_t (&bh)[2], const uint32_t (&bl)[2]) {
+    mma16816(c, a0, a1, a2, a3, bh[0], bh[1]);
+    if (!G4) mma16816(c, a0, a1, a2, a3, bl[0], bl[1]);
 }
 
 /* The key channel that lane group j's k-step s, element e (0, 1: A reg 0/1
- * halves; 2, 3: A reg 2/3 halves) stands for. */
+ * halves; 2, 3: A reg 2/3 halves) stands for. Lane group j reads bytes
+ * [8j, 8j + 8) (2 bits) or [16j, 16j + 16) (4 bits) of each token's
+ * codes, byte b holding channels b + 32 p (2 bits) or b + 64 p (4 bits)
+ * at bit position p. k-step s takes bit position p of words w and w + 1
+ * (A regs 0/1 and 2/3), bytes 0 and 2 of each (even s) or 1 and 3 (odd s,
+ * after a shift by 8): 2 bits: p = s / 2, w = 0; 4 bits: p = s / 4,
+ * w = 2 ((s / 2) & 1). */
 template <int KB>
 static __device__ __forceinline__ int key_channel(int j, int s, int e) {
-    if (KB == 2) return 8 * j + (s >> 1) + 4 * (e & 1) + 32 * ((s & 1) * 2 + (e >> 1));
-    return 16 * j + s + 8 * (e & 1) + 64 * (e >> 1);
+    const int byte = (s & 1) + 2 * (e & 1) + 4 * (e >> 1);
+    if (KB == 2) return 8 * j + 32 * (s >> 1) + byte;
+    return 16 * j + 64 * (s >> 2) + 8 * ((s >> 1) & 1) + byte;
 }
 
 /* The value channel of tile T, m-row i (+8 when hi). Tiles: (slot, half,
@@ -146,39 +156,21 @@ static __device__ __forceinline__ int value_channel(int T, int i, int hi) {
  * or 16 (4 bits) consecutive ones, read with 16-byte loads. */
 template <int KB>
 static __device__ __forceinline__ void load_key_pairs(const uint16_t *m, int j, uint32_t (&out)[8][2]) {
-    if (KB == 2) { /* run r = channels 8j + 32r + w; pairs (w, w + 4) */
-        uint4 x[4];
+    uint4 x[2][2]; /* 8 channels each: [p][h] = channels 8j + 32p + 8h (2 bits: x[p / 2][p % 2]) or 16j + 64p + 8h */
 #pragma unroll
-        for (int r = 0; r < 4; r++) x[r] = *(const uint4 *)(m + 8 * j + 32 * r);
+    for (int r = 0; r < 4; r++) {
+        const int p = KB == 2 ? r : r >> 1, h = KB == 2 ? 0 : r & 1;
+        const uint4 v = *(const uint4 *)(m + (KB == 2 ? 8 * j + 32 * p : 16 * j + 64 * p + 8 * h));
+        x[r >> 1][r & 1] = v;
+    }
+    /* k-step s: x[s / 4][(s / 2) & 1] holds its channels; halves s & 1 of
+     * words (x, y) and (z, w) */
 #pragma unroll
-        for (int s = 0; s < 8; s++) {
-            const int w = s >> 1;
-            const uint32_t sel = (w & 1) ? 0x7632 : 0x5410;
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const uint4 &v = x[(s & 1) * 2 + e];
-                const uint32_t lo = (w >> 1) ? v.y : v.x, hi = (w >> 1) ? v.w : v.z;
-                out[s][e] = __byte_perm(lo, hi, sel);
-            }
-        }
-    } else { /* run r = channels 16j + 64r + w; pairs (w, w + 8) */
-        uint4 x[2][2];
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-#pragma unroll
-            for (int part = 0; part < 2; part++) x[r][part] = *(const uint4 *)(m + 16 * j + 64 * r + 8 * part);
-#pragma unroll
-        for (int s = 0; s < 8; s++) {
-            const uint32_t sel = (s & 1) ? 0x7632 : 0x5410;
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const uint4 &v0 = x[e][0], &v1 = x[e][1];
-                const int wd = s >> 1;
-                const uint32_t lo = wd == 0 ? v0.x : wd == 1 ? v0.y : wd == 2 ? v0.z : v0.w;
-                const uint32_t hi = wd == 0 ? v1.x : wd == 1 ? v1.y : wd == 2 ? v1.z : v1.w;
-                out[s][e] = __byte_perm(lo, hi, sel);
-            }
-        }
+    for (int s = 0; s < 8; s++) {
+        const uint32_t sel = (s & 1) ? 0x7632 : 0x5410;
+        const uint4 &v = x[s >> 2][(s >> 1) & 1];
+        out[s][0] = __byte_perm(v.x, v.y, sel);
+        out[s][1] = __byte_perm(v.z, v.w, sel);
     }
 }
 
@@ -216,6 +208,9 @@ template <int KB, int VB, int GV, bool G4>
 __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_constant__ vq_cu_attn P) {
     constexpr int NG = D / GV; /* value channel groups */
     constexpr int PROWS = G4 ? 4 : 8;
+    /* the scores come out in units of 2^-24 (key codes as subnormals)
+     * times Q_SCALE; SC takes them to log2 units */
+    constexpr float SUB_UNIT = 5.9604644775390625e-08f, SC = 16777216.0f / Q_SCALE;
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i = lane >> 2, j = lane & 3;
     const int h = blockIdx.y, seq = blockIdx.z, part = blockIdx.x;
@@ -351,59 +346,51 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 qz0 = __shfl_sync(0xffffffffu, qzc[0], 4 * (t0 / GK) + j);
                 qz1 = __shfl_sync(0xffffffffu, qzc[1], 4 * (t0 / GK) + j);
             }
-            /* four accumulators (2 tiles x hi/lo, or G4: x even/odd k-steps)
-             * keep four mma chains in flight; ch starts at the zero sum */
-            float ch[2][4] = {{qz0, qz1, qz0, qz1}, {qz0, qz1, qz0, qz1}}, cl[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-            if (KB == 2) {
-                uint2 x[2][2];
+            /* the two tiles' scores (in units of 2^-24): one accumulator per
+             * bit position (4 bits: per bit position and half of the lane's
+             * bytes), four mma chains in flight per tile; the first starts
+             * at the zero sum */
+            float cc[2][4];
 #pragma unroll
-                for (int tt = 0; tt < 2; tt++) {
-                    x[tt][0] = *(const uint2 *)(blk + (size_t)(t0 + 16 * tt + i) * kcb + 8 * j);
-                    x[tt][1] = *(const uint2 *)(blk + (size_t)(t0 + 16 * tt + i + 8) * kcb + 8 * j);
+            for (int tt = 0; tt < 2; tt++) {
+                const unsigned char *r0 = blk + (size_t)(t0 + 16 * tt + i) * kcb, *r1 = r0 + (size_t)8 * kcb;
+                uint32_t w[2][KB]; /* tokens i, i + 8: the lane's 4 KB bytes of each */
+                if constexpr (KB == 2) {
+                    const uint2 x0 = *(const uint2 *)(r0 + 8 * j), x1 = *(const uint2 *)(r1 + 8 * j);
+                    w[0][0] = x0.x, w[0][1] = x0.y, w[1][0] = x1.x, w[1][1] = x1.y;
+                } else {
+                    const uint4 x0 = *(const uint4 *)(r0 + 16 * j), x1 = *(const uint4 *)(r1 + 16 * j);
+                    w[0][0] = x0.x, w[0][1] = x0.y, w[0][2] = x0.z, w[0][3] = x0.w;
+                    w[1][0] = x1.x, w[1][1] = x1.y, w[1][2] = x1.z, w[1][3] = x1.w;
+                }
+                float a[4][4];
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    a[0][x] = (x & 1 ? qz1 : qz0) * SUB_UNIT;
+                    a[1][x] = a[2][x] = a[3][x] = 0;
                 }
 #pragma unroll
                 for (int s = 0; s < 8; s++) {
-                    int sp = s >> 1, sh = (s & 1) * 4;
-                    uint32_t sel = sp | (sp << 4) | ((4 + sp) << 8) | ((4 + sp) << 12);
-#pragma unroll
-                    for (int tt = 0; tt < 2; tt++) {
-                        uint32_t p0 = __byte_perm(x[tt][0].x, x[tt][0].y, sel);
-                        uint32_t p1 = __byte_perm(x[tt][1].x, x[tt][1].y, sel);
-                        uint32_t a0 = codes_h2(p0, 2, sh);
-                        uint32_t a1 = codes_h2(p1, 2, sh);
-                        uint32_t a2 = codes_h2(p0, 2, sh + 2);
-                        uint32_t a3 = codes_h2(p1, 2, sh + 2);
-                        key_mma<G4>(ch[tt], cl[tt], s, a0, a1, a2, a3, bqh[s], bql[G4 ? 0 : s]);
-                    }
-                }
-            } else {
-                uint4 x[2][2];
-#pragma unroll
-                for (int tt = 0; tt < 2; tt++) {
-                    x[tt][0] = *(const uint4 *)(blk + (size_t)(t0 + 16 * tt + i) * kcb + 16 * j);
-                    x[tt][1] = *(const uint4 *)(blk + (size_t)(t0 + 16 * tt + i + 8) * kcb + 16 * j);
+                    const int eo = s & 1, wd = KB == 2 ? 0 : 2 * ((s >> 1) & 1);
+                    const int k = KB == 2 ? 2 * (s >> 1) : 4 * (s >> 2);
+                    const uint32_t a0 = codes_sub(eo ? w[0][wd] >> 8 : w[0][wd], KB, k);
+                    const uint32_t a1 = codes_sub(eo ? w[1][wd] >> 8 : w[1][wd], KB, k);
+                    const uint32_t a2 = codes_sub(eo ? w[0][wd + 1] >> 8 : w[0][wd + 1], KB, k);
+                    const uint32_t a3 = codes_sub(eo ? w[1][wd + 1] >> 8 : w[1][wd + 1], KB, k);
+                    key_mma<G4>(a[s >> 1], a0, a1, a2, a3, bqh[s], bql[G4 ? 0 : s]);
                 }
 #pragma unroll
-                for (int s = 0; s < 8; s++) {
-                    int by = s & 3;
-                    uint32_t sel = by | (by << 4) | ((4 + by) << 8) | ((4 + by) << 12);
-#pragma unroll
-                    for (int tt = 0; tt < 2; tt++) {
-                        const uint4 &r0 = x[tt][0], &r1 = x[tt][1];
-                        uint32_t p0 = s < 4 ? __byte_perm(r0.x, r0.z, sel) : __byte_perm(r0.y, r0.w, sel);
-                        uint32_t p1 = s < 4 ? __byte_perm(r1.x, r1.z, sel) : __byte_perm(r1.y, r1.w, sel);
-                        uint32_t a0 = codes_h2(p0, 4, 0), a1 = codes_h2(p1, 4, 0);
-                        uint32_t a2 = codes_h2(p0, 4, 4), a3 = codes_h2(p1, 4, 4);
-                        key_mma<G4>(ch[tt], cl[tt], s, a0, a1, a2, a3, bqh[s], bql[G4 ? 0 : s]);
-                    }
+                for (int x = 0; x < 4; x++) {
+                    if constexpr (KB == 2)
+                        cc[tt][x] = fmaf(a[3][x], 1.0f / 64, fmaf(a[2][x], 1.0f / 16, fmaf(a[1][x], 0.25f, a[0][x])));
+                    else
+                        cc[tt][x] = fmaf(a[2][x] + a[3][x], 1.0f / 16, a[0][x] + a[1][x]);
                 }
             }
 #pragma unroll
             for (int tt = 0; tt < 2; tt++) {
                 const int t16 = tp * 2 + tt;
-                float c[4];
-#pragma unroll
-                for (int x = 0; x < 4; x++) c[x] = ch[tt][x] + cl[tt][x];
+                const float(&c)[4] = cc[tt];
                 if constexpr (G4) {
                     /* lane j < 2 holds the hi terms (columns 2j, 2j + 1) of
                      * tokens i and i + 8, lane j + 2 the lo terms: each keeps
@@ -442,7 +429,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             for (int o = G4 ? 2 : 4; o < 32; o *= 2) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o));
-            float mnew = fmaxf(m[r], mx[r] * (1.0f / Q_SCALE));
+            float mnew = fmaxf(m[r], mx[r] * SC);
             alpha[r] = (m[r] == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f) : exp2f(m[r] - mnew)) * fs;
             m[r] = mnew;
             /* a row with no score yet has only -inf scores: exp2 gives 0 */
@@ -456,7 +443,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 #pragma unroll
             for (int x = 0; x < (G4 ? 2 : 4); x++) {
                 const int r = x & 1;
-                const float p = exp2f(fmaf(sc[t16][x], 1.0f / Q_SCALE, -mb[r]));
+                const float p = exp2f(fmaf(sc[t16][x], SC, -mb[r]));
                 l[r] += p;
                 const int row = G4 ? 2 * (j & 1) + r : 2 * j + r, tok = G4 ? 8 * (j >> 1) : (x >> 1) * 8;
                 ps[row * pst + t16 * 16 + i + tok] = __float2half_rn(p);
@@ -535,8 +522,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                         const int gr = (32 * hh + (VB == 2 ? 32 : 64) * slot) / GV;
                         const int T = VB == 4 ? slot * 4 + hh * 2 + u : slot * 2 + u;
                         const int k = VB * slot;
-                        mma16816(acc[T], codes_h2(y01, VB, k), codes_h2(y01h, VB, k), codes_h2(y23, VB, k),
-                                 codes_h2(y23h, VB, k), bs[gr][0], bs[gr][1]);
+                        mma16816(acc[T], codes_sub(y01, VB, k), codes_sub(y01h, VB, k), codes_sub(y23, VB, k),
+                                 codes_sub(y23h, VB, k), bs[gr][0], bs[gr][1]);
                     }
                 }
             }
@@ -566,8 +553,11 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 #pragma unroll
         for (int T = 0; T < 8; T++) {
             int c0 = value_channel<VB>(T, i, 0), c1 = value_channel<VB>(T, i, 1);
-            o[2 + c0] = acc[T][r] * unit;
-            o[2 + c1] = acc[T][2 + r] * unit;
+            /* tile T's codes were subnormals, code * 2^(k - 24) */
+            const int k = VB * (VB == 4 ? T >> 2 : T >> 1);
+            const float f = unit * (float)(1 << (24 - k));
+            o[2 + c0] = acc[T][r] * f;
+            o[2 + c1] = acc[T][2 + r] * f;
         }
     }
     __syncthreads();
