@@ -45,22 +45,30 @@
  * warp's setup (q, key scales), its first block's latency (the cp.async
  * pipeline is one block deep) and its partial are fixed costs. */
 #define DECODE_MIN_WARP_BLOCKS 4
+/* Thread blocks per SM of the KIVI decode kernel when a shape gets one
+ * wave (too few blocks for more): fewer, longer partitions, so each
+ * warp's fixed costs (q, its first block's latency, its partial) weigh
+ * less. H200, kivi 2-bit 1 x 32768 (2.6 -> 3.9 blocks per warp): 2 per SM
+ * 25.9-26.1 us, the 3 resident 28.3 us. */
+#define KIVI_ONE_WAVE_PER_SM 2
 
 /* Partitions per (kv head, sequence) for the decode kernels, whose warps
  * take whole blocks: whole waves of thread blocks (a part-filled last wave
  * leaves SMs idle at the end; three waves even out the blocks' speeds) as
- * long as every warp keeps DECODE_MIN_WARP_BLOCKS blocks, else one wave,
- * each warp at least one block; per_sm: the kernel's resident thread
- * blocks per SM. On the H200 (KIVI 2-bit): 8 x 131072 at
- * 1.45 waves took 721 us, at 2.75 waves 661 us; 1 x 32768 at 1.3 waves
- * (2 blocks per warp) 46 us, at 0.65 waves (4 per warp) 42 us. */
-static int decode_parts(int n_sms, int per_sm, long long pairs, int max_blocks, int warps) {
+ * long as every warp keeps DECODE_MIN_WARP_BLOCKS blocks, else one wave of
+ * at most one_wave_per_sm thread blocks per SM, each warp at least one
+ * block; per_sm: the kernel's resident thread blocks per SM. On the H200
+ * (KIVI 2-bit): 8 x 131072 at 1.45 waves took 721 us, at 2.75 waves
+ * 661 us; 1 x 32768 at 1.3 waves (2 blocks per warp) 46 us, at 0.65 waves
+ * (4 per warp) 42 us. */
+static int decode_parts(int n_sms, int per_sm, int one_wave_per_sm, long long pairs, int max_blocks, int warps) {
     const long long slots = (long long)n_sms * per_sm;
     for (int waves = 3; waves > 1; waves--) {
         long long parts = slots * waves / pairs;
         if (parts >= 1 && max_blocks >= parts * warps * DECODE_MIN_WARP_BLOCKS) return (int)parts;
     }
-    long long parts = slots / pairs, most = max_blocks / warps;
+    long long parts = (long long)n_sms * (one_wave_per_sm < per_sm ? one_wave_per_sm : per_sm) / pairs,
+              most = max_blocks / warps;
     parts = parts < most ? parts : most;
     return parts > 1 ? (int)parts : 1;
 }
@@ -421,7 +429,8 @@ extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, c
     long long pairs = (long long)n * H * P.row_chunks;
     int parts;
     if (kivi || f16 || tq4) {
-        parts = decode_parts(g->n_sms, kivi ? vq_cu_kivi_resident(&P) : DECODE_BLOCKS_PER_SM, pairs, max_blocks,
+        const int per_sm = kivi ? vq_cu_kivi_resident(&P) : DECODE_BLOCKS_PER_SM;
+        parts = decode_parts(g->n_sms, per_sm, kivi ? KIVI_ONE_WAVE_PER_SM : per_sm, pairs, max_blocks,
                              kivi ? VQ_CU_KIVI_WARPS : VQ_CU_ROWS_WARPS);
     } else { /* enough thread blocks to fill the GPU, a partition at least one block */
         long long want = ((long long)g->n_sms * BLOCKS_PER_SM + pairs - 1) / pairs;
