@@ -3,10 +3,11 @@
  * the same run. GPU time from CUDA events; median over repetitions; several
  * sets of caches rotated when one set would fit in L2.
  *
- *   bench_cuda [--quick] [--shape=BATCH,SEQ ...] [SPEC_SUBSTRING]
+ *   bench_cuda [--quick] [--shape=BATCH,SEQ ...] [--extra-shape=BATCH,SEQ ...] [SPEC_SUBSTRING]
  *
  * (--shape picks shapes of the table, and may be repeated; --shape=1,1, no
- * shape of the table, times the appends alone.)
+ * shape of the table, times the appends alone. --extra-shape adds a decode
+ * shape that is not in the table.)
  *
  * Prints a table: spec, batch, seq, median us (min..max), packed MB read,
  * GB/s on the packed bytes, % of the copy bandwidth. */
@@ -78,11 +79,16 @@ int main(int argc, char **argv) {
     int quick = 0;
     const char *only = NULL; /* run the specs containing this string */
     int pick[8][2], n_pick = 0; /* run these shapes alone */
+    int extra[8][2], n_extra = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
         else if (strncmp(argv[i], "--shape=", 8) == 0 && n_pick < 8 &&
                  sscanf(argv[i] + 8, "%d,%d", &pick[n_pick][0], &pick[n_pick][1]) == 2)
             n_pick++;
+        else if (strncmp(argv[i], "--extra-shape=", 14) == 0 && n_extra < 8 &&
+                 sscanf(argv[i] + 14, "%d,%d", &extra[n_extra][0], &extra[n_extra][1]) == 2 && extra[n_extra][0] > 0 &&
+                 extra[n_extra][1] > 0)
+            n_extra++;
         else only = argv[i];
     }
     if (vq_cuda_device_count() < 1) {
@@ -93,12 +99,16 @@ int main(int argc, char **argv) {
     double bw = copy_bandwidth();
     printf("device-to-device copy: %.0f GB/s (read + write)\n", bw);
     const char *specs[] = {"fp16", "kivi:bits=2", "kivi:bits=4", "tq-mse:bits=4"};
-    const int shapes[][2] = {{1, 4096}, {1, 32768}, {1, 131072}, {8, 16384}, {8, 32768}, {8, 131072}, {32, 16384}};
-    int n_shapes = quick ? 2 : (int)(sizeof shapes / sizeof shapes[0]);
+    int shapes[7 + 8][2] = {{1, 4096}, {1, 32768}, {1, 131072}, {8, 16384}, {8, 32768}, {8, 131072}, {32, 16384}};
+    int n_shapes = quick ? 2 : 7;
+    for (int k = 0; k < n_extra; k++) {
+        shapes[n_shapes][0] = extra[k][0];
+        shapes[n_shapes++][1] = extra[k][1];
+    }
     int max_seq = 8192; /* the appends' tokens; more for the decode shapes that run */
     int run[sizeof shapes / sizeof shapes[0]];
     for (int shp = 0; shp < n_shapes; shp++) {
-        run[shp] = !n_pick;
+        run[shp] = !n_pick || shp >= n_shapes - n_extra;
         for (int k = 0; k < n_pick; k++) run[shp] |= shapes[shp][0] == pick[k][0] && shapes[shp][1] == pick[k][1];
         if (run[shp] && shapes[shp][1] > max_seq) max_seq = shapes[shp][1];
     }
