@@ -2,11 +2,15 @@
  * one query token, up to 8 q heads per kv head, blocks of up to 64 tokens)
  * on the tensor cores.
  *
- * Each warp streams whole blocks (codes, scales, positions: one contiguous
- * allocation) into shared memory with 16-byte cp.async copies, one block
- * ahead, and keeps its own online-softmax state; at the end the warps'
- * states are merged in shared memory and the thread block writes one
- * partial (max, sum, acc) for the reduction kernel (attend.cu).
+ * Each warp streams whole blocks into shared memory with 16-byte cp.async
+ * copies, one block ahead: a block's key part (codes, scales, zeros) with
+ * its positions and its value part go to buffers of their own, two of
+ * each (the staging that overlapping one block's scores with the previous
+ * block's values needed; that overlap measured slower and was dropped, this
+ * staging is the one the kept kernel was measured with). Each warp keeps
+ * its own online-softmax state; at the end the warps' states are merged in
+ * shared memory and the thread block writes one partial (max, sum, acc)
+ * for the reduction kernel (attend.cu).
  *
  * Scores, per 16 tokens: S^T = C^T Q' with mma.sync m16n8k16 (fp16 in,
  * fp32 accumulate): A = the key codes (exact fp16 subnormals, below), B = Q'[c][n]
@@ -59,7 +63,6 @@
 
 #define WARPS VQ_CU_KIVI_WARPS
 #define D 128
-#define STAGES 2 /* blocks in flight per warp */
 #define MAX_BT 64 /* tokens per block (the default block of KIVI with group 32 or 64) */
 #define SMEM_LIMIT (110 * 1024) /* at least two thread blocks per SM (three for 2-bit) */
 /* Row stride (halves) of the fp16 probabilities in shared memory (bt is
@@ -69,10 +72,11 @@
  * rows cannot all be). */
 template <bool G4>
 static __host__ __device__ constexpr int ps_stride(int bt) { return bt + (G4 ? 16 : 8); }
-/* Shared memory of one warp: STAGES blocks, then the probabilities. */
+/* Shared memory of one warp: two key buffers (key part, then the
+ * positions), two value buffers, then the probabilities. */
 template <bool G4>
-static __host__ __device__ constexpr size_t warp_stride(int bt, size_t block_bytes) {
-    return STAGES * block_bytes + (G4 ? 4 : 8) * 2 * (size_t)ps_stride<G4>(bt);
+static __host__ __device__ constexpr size_t warp_stride(int bt, size_t k_bytes, size_t v_bytes) {
+    return 2 * (k_bytes + 4 * (size_t)bt + v_bytes) + (G4 ? 4 : 8) * 2 * (size_t)ps_stride<G4>(bt);
 }
 /* A warp's state per q row in the merge: max, sum, acc[D], the sums of
  * p * zero per value channel group (at most 4 groups at d = 128). */
@@ -204,7 +208,11 @@ static __device__ __forceinline__ int value_exponent(const uint16_t *vmeta, int 
     return min(29 - (int)(mx >> 10), 15); /* scale < 2^(e - 14), e = the biased exponent */
 }
 
-template <int KB, int VB, int GV, bool G4>
+/* FIXED: 64-token blocks and key groups of 32 (KIVI's defaults), bt and the
+ * key group compile-time constants: the loops over tiles then have no
+ * branches (the tile count and the key-group test are known), so the
+ * compiler schedules across the whole block (-8 % time at 8 x 131072). */
+template <int KB, int VB, int GV, bool G4, bool FIXED>
 __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_constant__ vq_cu_attn P) {
     constexpr int NG = D / GV; /* value channel groups */
     constexpr int PROWS = G4 ? 4 : 8;
@@ -214,10 +222,12 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i = lane >> 2, j = lane & 3;
     const int h = blockIdx.y, seq = blockIdx.z, part = blockIdx.x;
-    const int bt = P.bt, bb = (int)P.block_bytes;
+    const int bt = FIXED ? 64 : P.bt, GK = FIXED ? 32 : P.mk.group;
+    const int kbytes = (int)P.k_bytes, vbytes = (int)P.v_bytes, kp = kbytes + 4 * bt;
     const int pst = ps_stride<G4>(bt);
-    unsigned char *stage0 = smem + (size_t)warp * warp_stride<G4>(bt, bb);
-    __half *ps = (__half *)(stage0 + (size_t)STAGES * bb); /* [PROWS][pst] probabilities */
+    unsigned char *const kbuf = smem + (size_t)warp * warp_stride<G4>(bt, P.k_bytes, P.v_bytes);
+    unsigned char *const vbuf = kbuf + 2 * (size_t)kp;
+    __half *ps = (__half *)(vbuf + 2 * (size_t)vbytes); /* [PROWS][pst] probabilities */
     const vq_cu_seq S = vq_cu_seq_at(P, seq);
     const int n_blocks = (S.n_quant + bt - 1) / bt;
     const int b0 = part * P.part_blocks, b1 = min(b0 + P.part_blocks, n_blocks);
@@ -260,39 +270,37 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     /* acc and zacc hold their sums times 2^e_run (see value_exponent) */
     int e_run = 0;
 
-    const int GK = P.mk.group;
     const int kcb = KB * D / 8, vcb = VB * D / 8;
-    const int chunks = bb / 16;
-    auto issue = [&](int k) { /* the warp's k-th block into stage k % STAGES */
-        int b = b0 + warp + k * WARPS;
-        if (b < b1) {
-            const uint8_t *src = table[b];
-            unsigned char *dst = stage0 + (size_t)(k % STAGES) * bb;
-            for (int x = lane; x < chunks; x += 32) cp_async16(dst + 16 * x, src + 16 * x);
+    /* the warp takes blocks b0 + warp + k WARPS, k in [0, nb) */
+    const int nb = b0 + warp < b1 ? (b1 - b0 - warp + WARPS - 1) / WARPS : 0;
+    auto tokens = [&](int k) { return k < nb ? min(bt, S.n_quant - (b0 + warp + k * WARPS) * bt) : 0; };
+    auto issue_keys = [&](int k) { /* key part and positions of the k-th block into key buffer k % 2 */
+        if (k < nb) {
+            const uint8_t *src = table[b0 + warp + k * WARPS];
+            unsigned char *dst = kbuf + (size_t)(k & 1) * kp;
+            for (int x = lane; x < kbytes / 16; x += 32) cp_async16(dst + 16 * x, src + 16 * x);
+            for (int x = lane; x < bt / 4; x += 32) cp_async16(dst + kbytes + 16 * x, src + kbytes + vbytes + 16 * x);
         }
         cp_async_commit();
     };
-#pragma unroll
-    for (int k = 0; k < STAGES - 1; k++) issue(k);
-
-    for (int k = 0; b0 + warp + k * WARPS < b1; k++) {
-        issue(k + STAGES - 1);
-        cp_async_wait<STAGES - 1>();
-        __syncwarp();
-        const int b = b0 + warp + k * WARPS;
-        const unsigned char *blk = stage0 + (size_t)(k % STAGES) * bb;
-        const int n = min(bt, S.n_quant - b * bt);
+    auto issue_values = [&](int k) { /* value part of the k-th block into value buffer k % 2 */
+        if (k < nb) {
+            const uint8_t *src = table[b0 + warp + k * WARPS] + kbytes;
+            unsigned char *dst = vbuf + (size_t)(k & 1) * vbytes;
+            for (int x = lane; x < vbytes / 16; x += 32) cp_async16(dst + 16 * x, src + 16 * x);
+        }
+        cp_async_commit();
+    };
+    using score_t = float[MAX_BT / 16][G4 ? 2 : 4];
+    /* scores, still times Q_SCALE: G4: the lane's token i + 8 (j >> 1)
+     * for heads 2 (j & 1) + {0, 1}; else tokens i, i + 8 for heads
+     * 2j + {0, 1}; mx: the lane's largest (rows 2j, 2j + 1) */
+    auto scores = [&](const unsigned char *blk, int n, score_t &sc, float (&mx)[2]) {
         const uint16_t *kmeta = (const uint16_t *)(blk + (size_t)bt * kcb);
-        const unsigned char *vblk = blk + P.k_bytes;
-        const uint16_t *vmeta = (const uint16_t *)(vblk + (size_t)bt * vcb);
-        const int32_t *kpos = (const int32_t *)(blk + P.k_bytes + P.v_bytes);
-        float mx[2] = {-INFINITY, -INFINITY};
-        /* scores of the block, two 16-token tiles at a time (both in one key
-         * group: groups are multiples of 32 tokens); at most 4 tiles */
-        /* scores, still times Q_SCALE: G4: the lane's token i + 8 (j >> 1)
-         * for heads 2 (j & 1) + {0, 1}; else tokens i, i + 8 for heads
-         * 2j + {0, 1} */
-        float sc[MAX_BT / 16][G4 ? 2 : 4];
+        const int32_t *kpos = (const int32_t *)(blk + kbytes);
+        mx[0] = mx[1] = -INFINITY;
+        /* two 16-token tiles at a time (both in one key group: groups are
+         * multiples of 32 tokens); at most 4 tiles */
         /* Q' = hi + lo, two fp16 terms: fp32-like accuracy. G4: the lane's
          * own term; else bqh and bql */
         uint32_t bqh[8][2], bql[G4 ? 1 : 8][2];
@@ -417,6 +425,11 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 }
             }
         }
+    };
+    /* the online softmax over a block whose scores are sc: p into ps,
+     * the running state rescaled */
+    auto softmax = [&](const unsigned char *vblk, int n, score_t &sc, float (&mx)[2]) {
+        const uint16_t *vmeta = (const uint16_t *)(vblk + (size_t)bt * vcb);
         /* online softmax: rows 2j, 2j+1 (G4: 2 (j & 1), + 1) over the
          * block; the scores are still times Q_SCALE. This block's p
          * are taken times 2^eb (value_exponent), so l, acc and zacc move
@@ -458,7 +471,10 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         }
         zacc[0] *= alpha[0];
         zacc[1] *= alpha[1];
-        __syncwarp();
+    };
+    /* the values of a block whose p are in ps */
+    auto values = [&](const unsigned char *vblk, int n) {
+        const uint16_t *vmeta = (const uint16_t *)(vblk + (size_t)bt * vcb);
         /* values, 16 tokens per k-step; lane group j takes tokens
          * 4j + ((q + j) & 3) (the rotation puts the code loads of the four
          * lane groups in different banks). Per channel group, O^T += C^T P'
@@ -528,6 +544,20 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 }
             }
         }
+    };
+    score_t sc;
+    float mx[2];
+    issue_keys(0);
+    issue_values(0);
+    for (int k = 0; k < nb; k++) {
+        issue_keys(k + 1);
+        issue_values(k + 1);
+        cp_async_wait<2>();
+        __syncwarp();
+        scores(kbuf + (size_t)(k & 1) * kp, tokens(k), sc, mx);
+        softmax(vbuf + (size_t)(k & 1) * vbytes, tokens(k), sc, mx);
+        __syncwarp();
+        values(vbuf + (size_t)(k & 1) * vbytes, tokens(k));
         __syncwarp();
     }
     cp_async_wait<0>();
@@ -538,7 +568,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     for (int r = 0; r < 2; r++)
         for (int o = G4 ? 2 : 4; o < 32; o *= 2) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o);
     __syncwarp();
-    float *mine = (float *)stage0; /* [8 rows][ROW_W]: max (log2 units), sum, acc, zero sums */
+    float *mine = (float *)kbuf; /* [8 rows][ROW_W]: max (log2 units), sum, acc, zero sums */
     const float unit = __int_as_float((127 - e_run) << 23); /* 2^-e_run */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -561,7 +591,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         }
     }
     __syncthreads();
-    const size_t wb = warp_stride<G4>(bt, bb);
+    const size_t wb = warp_stride<G4>(bt, P.k_bytes, P.v_bytes);
     float *out = P.partials + (((size_t)seq * P.hkv + h) * P.n_parts + part) * VQ_CU_RMAX * (size_t)P.part_w;
     for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
         const int row = idx / D, c = idx % D;
@@ -586,7 +616,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 }
 
 static size_t smem_bytes(const vq_cu_attn *P) {
-    const size_t w = P->g <= 4 ? warp_stride<true>(P->bt, P->block_bytes) : warp_stride<false>(P->bt, P->block_bytes);
+    const size_t w = P->g <= 4 ? warp_stride<true>(P->bt, P->k_bytes, P->v_bytes)
+                               : warp_stride<false>(P->bt, P->k_bytes, P->v_bytes);
     return (size_t)WARPS * w;
 }
 
@@ -594,14 +625,19 @@ bool vq_cu_kivi_fast_ok(const vq_cu_attn *P) {
     return P->mk.kind == VQ_CU_KIVI && P->mv.kind == VQ_CU_KIVI && (P->mk.bits == 2 || P->mk.bits == 4) &&
            (P->mv.bits == 2 || P->mv.bits == 4) && P->d == D && P->n_q == 1 && P->g <= 8 && P->bt % 32 == 0 &&
            P->bt <= MAX_BT && smem_bytes(P) <= SMEM_LIMIT &&
-           STAGES * P->block_bytes >= 8 * ROW_W * sizeof(float); /* room for the merge */
+           2 * (P->k_bytes + 4 * (size_t)P->bt + P->v_bytes) >= 8 * ROW_W * sizeof(float); /* room for the merge */
 }
 
 typedef void (*kernel_t)(vq_cu_attn);
 
+template <int KB, int VB, int GV, bool FIXED>
+static kernel_t kernel_f(const vq_cu_attn *P) {
+    return P->g <= 4 ? kivi_decode<KB, VB, GV, true, FIXED> : kivi_decode<KB, VB, GV, false, FIXED>;
+}
+
 template <int KB, int VB, int GV>
 static kernel_t kernel_g(const vq_cu_attn *P) {
-    return P->g <= 4 ? kivi_decode<KB, VB, GV, true> : kivi_decode<KB, VB, GV, false>;
+    return P->bt == 64 && P->mk.group == 32 ? kernel_f<KB, VB, GV, true>(P) : kernel_f<KB, VB, GV, false>(P);
 }
 
 template <int KB, int VB>
