@@ -16,9 +16,10 @@
  * (applied to the parent once for both children). No trigonometry and no
  * per-coordinate branching at attention time.
  *
- * Coordinate i of the 8 blocks of lane group g is one register; the query
- * (keys) and the accumulators (values) are transposed to match, once per
- * call, in scratch: [g][i][row][8 blocks]. The node loops are unrolled by
+ * Coordinate i of the 8 blocks of lane group g is one register; the
+ * prepared query rows (keys) and the accumulator rows (values) hold their
+ * coordinates in that order, [g][i][8 blocks] (polarquant.c's avx2_pos),
+ * so nothing is transposed per call. The node loops are unrolled by
  * pragma: GCC left them rolled, and unrolled measured 3 % faster. */
 #include "vq_internal.h"
 
@@ -31,16 +32,16 @@
 #define ALWAYS_INLINE inline
 #endif
 
-/* cos and sin tables by level, see avx2_tables in polarquant.c: t[0],
- * t[1]: level 1 angles 0..7; t[2..7]: levels 2, 3, 4, each cos then sin,
- * the 4 levels in both 128-bit lanes. */
+/* cos and sin tables by level (vq_mparams' angle_cos, angle_sin): level 1
+ * angles 0..7; levels 2, 3, 4: their 4 angles, twice (the entries past a
+ * level's count repeat it), so both 128-bit lanes hold the table. */
 typedef struct {
     __m256 c1, s1, c2, s2, c3, s3, c4, s4;
 } trig8;
 
-static trig8 load_trig(const float t[8][8]) {
-    trig8 r = {_mm256_loadu_ps(t[0]), _mm256_loadu_ps(t[1]), _mm256_loadu_ps(t[2]), _mm256_loadu_ps(t[3]),
-               _mm256_loadu_ps(t[4]), _mm256_loadu_ps(t[5]), _mm256_loadu_ps(t[6]), _mm256_loadu_ps(t[7])};
+static trig8 load_trig(const float cs[][16], const float sn[][16]) {
+    trig8 r = {_mm256_loadu_ps(cs[0]), _mm256_loadu_ps(sn[0]), _mm256_loadu_ps(cs[1]), _mm256_loadu_ps(sn[1]),
+               _mm256_loadu_ps(cs[2]), _mm256_loadu_ps(sn[2]), _mm256_loadu_ps(cs[3]), _mm256_loadu_ps(sn[3])};
     return r;
 }
 
@@ -101,14 +102,14 @@ static inline float hsum8(__m256 v) {
 /* acc[r + 4 (i & 1)] += q_r . v for coordinates i = 2j, 2j + 1 of level-1
  * node j: two accumulators a row, so a row's FMA chain is 8 long per lane
  * group and the tree's work overlaps it (one chain of 16 held the loop at
- * the FMA latency). qg: the lane group's q, [i][r][8]. */
-static ALWAYS_INLINE void score_node(const trig8 *tr, const codes8 *x, __m256 parent, int j, const float *qg, const int R,
-                                     __m256 *acc) {
+ * the FMA latency). qg: the lane group's q of row 0, [i][8], rows d apart. */
+static ALWAYS_INLINE void score_node(const trig8 *tr, const codes8 *x, __m256 parent, int j, const float *qg, int d,
+                                     const int R, __m256 *acc) {
     __m256 v0, v1;
     leaf_pair(tr, x, parent, j, &v0, &v1);
     for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + ((2 * j) * R + r) * 8), v0, acc[r]);
-        acc[r + 4] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + ((2 * j + 1) * R + r) * 8), v1, acc[r + 4]);
+        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + (size_t)r * d + (2 * j) * 8), v0, acc[r]);
+        acc[r + 4] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + (size_t)r * d + (2 * j + 1) * 8), v1, acc[r + 4]);
     }
 }
 
@@ -135,9 +136,10 @@ static void sum_parts(const float *part, int t0, int cnt, float *logits, int ld)
     }
 }
 
-/* Scores n tokens for R rows (4 or 1, a constant) from the transposed q. */
+/* Scores n tokens for R rows (4 or 1, a constant) of q (d apart, in the
+ * kernels' coordinate order). */
 static ALWAYS_INLINE void score_rows(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
-                                     const float *qT, const int R, float *logits, int ld) {
+                                     const float *q, const int R, float *logits, int ld) {
     int nb = d / 16;
     float part[4 * 8 * 8] = {0}; /* a short last group sums old or zero lanes, never stored */
     for (int t = 0; t < n; t++) {
@@ -148,13 +150,13 @@ static ALWAYS_INLINE void score_rows(const trig8 *tr, const uint16_t *rad, const
             codes8 x = load_codes8(c, nb, g);
             __m256 a3[4];
             top_levels(tr, &x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rad + (size_t)t * nb + 8 * g))), a3);
-            const float *qg = qT + (size_t)g * 16 * R * 8;
+            const float *qg = q + (size_t)g * 128;
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 __m256 p0, p1;
                 level2(tr, &x, a3[j], j, &p0, &p1);
-                score_node(tr, &x, p0, 2 * j, qg, R, acc);
-                score_node(tr, &x, p1, 2 * j + 1, qg, R, acc);
+                score_node(tr, &x, p0, 2 * j, qg, d, R, acc);
+                score_node(tr, &x, p1, 2 * j + 1, qg, d, R, acc);
             }
         }
         if (R == 1) {
@@ -166,35 +168,21 @@ static ALWAYS_INLINE void score_rows(const trig8 *tr, const uint16_t *rad, const
     }
 }
 
-/* R rows of q (d apart) into qT: [g][i][r][k] = q_r[16 (8 g + k) + i]. */
-static void transpose_in(const float *q, int d, int R, float *qT) {
-    for (int g = 0; g < d / 128; g++)
-        for (int i = 0; i < 16; i++)
-            for (int r = 0; r < R; r++)
-                for (int k = 0; k < 8; k++) *qT++ = q[(size_t)r * d + 16 * (8 * g + k) + i];
-}
-
-void vq_polar_score_avx2(const float tables[8][8], const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
-                         const float *q, int rows, float *logits, int ld, float *scratch) {
-    trig8 tr = load_trig(tables);
+void vq_polar_score_avx2(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
+                         size_t cb, int d, int n, const float *q, int rows, float *logits, int ld) {
+    trig8 tr = load_trig(cs, sn);
     int r = 0;
-    for (; r + 4 <= rows; r += 4) {
-        transpose_in(q + (size_t)r * d, d, 4, scratch);
-        score_rows(&tr, rad, codes, cb, d, n, scratch, 4, logits + (size_t)r * ld, ld);
-    }
-    for (; r < rows; r++) {
-        transpose_in(q + (size_t)r * d, d, 1, scratch);
-        score_rows(&tr, rad, codes, cb, d, n, scratch, 1, logits + (size_t)r * ld, ld);
-    }
+    for (; r + 4 <= rows; r += 4) score_rows(&tr, rad, codes, cb, d, n, q + (size_t)r * d, 4, logits + (size_t)r * ld, ld);
+    for (; r < rows; r++) score_rows(&tr, rad, codes, cb, d, n, q + (size_t)r * d, 1, logits + (size_t)r * ld, ld);
 }
 
-/* accT[g][i][r] (8 blocks each) += sum_t w_r,t v_t over tokens t0 and t1
+/* acc_r[g][i] (8 blocks each) += sum_t w_r,t v_t over tokens t0 and t1
  * (T = 2) or t0 alone (T = 1) for R rows (4 or 1): the rebuilt coordinates
  * of the tokens meet every row's weight, and each accumulator is loaded and
  * stored once for both tokens (about 10 % faster than one token a pass:
  * a token has 64 accumulator updates for 4 rows). */
 static ALWAYS_INLINE void accum_tokens(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb,
-                                       const float *w, int ld, int t0, const int T, const int R, float *accT) {
+                                       const float *w, int ld, int t0, const int T, const int R, float *acc, int d) {
     for (int g = 0; g < nb / 8; g++) {
         codes8 x[2];
         __m256 a3[2][4];
@@ -204,7 +192,7 @@ static ALWAYS_INLINE void accum_tokens(const trig8 *tr, const uint16_t *rad, con
             top_levels(tr, &x[k], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rad + (size_t)t * nb + 8 * g))),
                        a3[k]);
         }
-        float *ag = accT + (size_t)g * 16 * R * 8;
+        float *ag = acc + (size_t)g * 128;
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             __m256 p[2][2];
@@ -214,7 +202,7 @@ static ALWAYS_INLINE void accum_tokens(const trig8 *tr, const uint16_t *rad, con
                 __m256 v0[2], v1[2];
                 for (int k = 0; k < T; k++) leaf_pair(tr, &x[k], p[k][h], node, &v0[k], &v1[k]);
                 for (int r = 0; r < R; r++) {
-                    float *a0 = ag + ((2 * node) * R + r) * 8, *a1 = ag + ((2 * node + 1) * R + r) * 8;
+                    float *a0 = ag + (size_t)r * d + (2 * node) * 8, *a1 = a0 + 8;
                     __m256 s0 = _mm256_loadu_ps(a0), s1 = _mm256_loadu_ps(a1);
                     for (int k = 0; k < T; k++) {
                         __m256 wk = _mm256_broadcast_ss(w + (size_t)r * ld + t0 + k);
@@ -229,33 +217,18 @@ static ALWAYS_INLINE void accum_tokens(const trig8 *tr, const uint16_t *rad, con
     }
 }
 
+/* R rows (4 or 1) of acc (d apart, in the kernels' coordinate order). */
 static ALWAYS_INLINE void accum_rows(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
-                                     const float *w, int ld, const int R, float *accT) {
+                                     const float *w, int ld, const int R, float *acc) {
     int t = 0;
-    for (; t + 2 <= n; t += 2) accum_tokens(tr, rad, codes, cb, d / 16, w, ld, t, 2, R, accT);
-    if (t < n) accum_tokens(tr, rad, codes, cb, d / 16, w, ld, t, 1, R, accT);
+    for (; t + 2 <= n; t += 2) accum_tokens(tr, rad, codes, cb, d / 16, w, ld, t, 2, R, acc, d);
+    if (t < n) accum_tokens(tr, rad, codes, cb, d / 16, w, ld, t, 1, R, acc, d);
 }
 
-/* acc rows (d apart) += the transposed sums of accum_rows. */
-static void transpose_out(const float *accT, int d, int R, float *acc) {
-    for (int g = 0; g < d / 128; g++)
-        for (int i = 0; i < 16; i++)
-            for (int r = 0; r < R; r++)
-                for (int k = 0; k < 8; k++) acc[(size_t)r * d + 16 * (8 * g + k) + i] += *accT++;
-}
-
-void vq_polar_accum_avx2(const float tables[8][8], const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
-                         const float *w, int ld, int rows, float *acc, float *scratch) {
-    trig8 tr = load_trig(tables);
+void vq_polar_accum_avx2(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
+                         size_t cb, int d, int n, const float *w, int ld, int rows, float *acc) {
+    trig8 tr = load_trig(cs, sn);
     int r = 0;
-    for (; r + 4 <= rows; r += 4) {
-        memset(scratch, 0, sizeof(float) * 4 * (size_t)d);
-        accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, scratch);
-        transpose_out(scratch, d, 4, acc + (size_t)r * d);
-    }
-    for (; r < rows; r++) {
-        memset(scratch, 0, sizeof(float) * (size_t)d);
-        accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, scratch);
-        transpose_out(scratch, d, 1, acc + (size_t)r * d);
-    }
+    for (; r + 4 <= rows; r += 4) accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d);
+    for (; r < rows; r++) accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d);
 }
