@@ -279,6 +279,10 @@ static int avx2_pos(int c) {
 
 static size_t polar_prep_floats(const vq_mparams *p) { return (size_t)p->head_dim; }
 
+/* Prepared rows: R q. For the AVX2 kernels in their coordinate order
+ * (avx2_pos) and interleaved in fours, [g][i][row][8 blocks]: row r of a
+ * group keeps coordinate c at 32 (avx2_pos(c) / 8) + 8 r + avx2_pos(c) % 8;
+ * the leftover rows follow one by one. */
 static void polar_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim;
     bool perm = avx2_covered(p);
@@ -286,8 +290,13 @@ static void polar_prep_query(const vq_mparams *p, const float *q, int rows, floa
     for (int r = 0; r < rows; r++) {
         float *o = prep + (size_t)r * d;
         vq_rotate(p->rot, q + (size_t)r * d, perm ? u : o);
-        if (perm)
-            for (int c = 0; c < d; c++) o[avx2_pos(c)] = u[c];
+        if (!perm) continue;
+        int r0 = r < rows / 4 * 4 ? r / 4 * 4 : r, w = r < rows / 4 * 4 ? 4 : 1; /* r's group of w rows */
+        float *og = prep + (size_t)r0 * d + (size_t)(r - r0) * 8;
+        for (int c = 0; c < d; c++) {
+            int pos = avx2_pos(c);
+            og[(size_t)(pos / 8) * 8 * w + pos % 8] = u[c];
+        }
     }
 }
 
