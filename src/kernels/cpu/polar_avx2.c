@@ -178,53 +178,70 @@ void vq_polar_score_avx2(const float cs[][16], const float sn[][16], const uint1
     for (; r < rows; r++) score_rows(&tr, rad, codes, cb, d, n, q + (size_t)r * d, 1, logits + (size_t)r * ld, ld);
 }
 
-/* acc_r[g][i] (8 blocks each) += sum_t w_r,t v_t over tokens t0 and t1
- * (T = 2) or t0 alone (T = 1) for R rows (4 or 1): the rebuilt coordinates
- * of the tokens meet every row's weight, and each accumulator is loaded and
- * stored once for both tokens (about 10 % faster than one token a pass:
- * a token has 64 accumulator updates for 4 rows). */
-static ALWAYS_INLINE void accum_tokens(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb,
-                                       const float *w, int ld, int t0, const int T, const int R, float *acc, int d) {
-    for (int g = 0; g < nb / 8; g++) {
-        codes8 x[2];
-        __m256 a3[2][4];
-        for (int k = 0; k < T; k++) {
-            int t = t0 + k;
-            x[k] = load_codes8(codes + (size_t)t * cb, nb, g);
-            top_levels(tr, &x[k], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rad + (size_t)t * nb + 8 * g))),
-                       a3[k]);
+/* Tokens per pass of the value kernel (their level-1 parents on the stack:
+ * 9 KB). */
+#define VTOKENS 32
+
+/* The level-1 parents of lane group g for tokens [0, cnt): par[8 t + j] =
+ * level-1 node j's parent with the sign of its code's bit 3 applied, l1[t]
+ * the token's level-1 codes. */
+static ALWAYS_INLINE void parents(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb, int g,
+                                  int cnt, __m256 *par, __m256i *l1) {
+    for (int t = 0; t < cnt; t++) {
+        codes8 x = load_codes8(codes + (size_t)t * cb, nb, g);
+        __m256 a3[4], *pt = par + 8 * t;
+        top_levels(tr, &x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rad + (size_t)t * nb + 8 * g))), a3);
+        for (int j = 0; j < 4; j++) level2(tr, &x, a3[j], j, &pt[2 * j], &pt[2 * j + 1]);
+        for (int j = 0; j < 8; j++) {
+            __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(x.l1, 28 - 4 * j));
+            pt[j] = _mm256_xor_ps(pt[j], _mm256_and_ps(bit3, _mm256_set1_ps(-0.0f)));
         }
-        float *ag = acc + (size_t)g * 128;
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            __m256 p[2][2];
-            for (int k = 0; k < T; k++) level2(tr, &x[k], a3[k][j], j, &p[k][0], &p[k][1]);
-            for (int h = 0; h < 2; h++) {
-                int node = 2 * j + h;
-                __m256 v0[2], v1[2];
-                for (int k = 0; k < T; k++) leaf_pair(tr, &x[k], p[k][h], node, &v0[k], &v1[k]);
-                for (int r = 0; r < R; r++) {
-                    float *a0 = ag + (size_t)r * d + (2 * node) * 8, *a1 = a0 + 8;
-                    __m256 s0 = _mm256_loadu_ps(a0), s1 = _mm256_loadu_ps(a1);
-                    for (int k = 0; k < T; k++) {
-                        __m256 wk = _mm256_broadcast_ss(w + (size_t)r * ld + t0 + k);
-                        s0 = _mm256_fmadd_ps(wk, v0[k], s0);
-                        s1 = _mm256_fmadd_ps(wk, v1[k], s1);
-                    }
-                    _mm256_storeu_ps(a0, s0);
-                    _mm256_storeu_ps(a1, s1);
-                }
-            }
-        }
+        l1[t] = x.l1;
     }
 }
 
-/* R rows (4 or 1) of acc (d apart, in the kernels' coordinate order). */
+/* acc_r[coordinates 2j, 2j + 1 of the lane group] += sum_t w_r,t v_t for
+ * tokens [0, cnt) and R rows (4 or 1): the 2 R sums stay in registers over
+ * the tokens and meet memory once. acc: the lane group's accumulators of
+ * row 0, [i][8 blocks], rows d apart; w rows ld apart. */
+static ALWAYS_INLINE void accum_node(const trig8 *tr, const __m256 *par, const __m256i *l1, int j, int cnt,
+                                     const float *w, int ld, const int R, float *acc, int d) {
+    __m256 a[8];
+    for (int i = 0; i < 2 * R; i++) a[i] = _mm256_setzero_ps();
+    for (int t = 0; t < cnt; t++) {
+        __m256i idx = _mm256_srli_epi32(l1[t], 4 * j);
+        __m256 f = par[8 * t + j];
+        __m256 v0 = _mm256_mul_ps(f, _mm256_permutevar8x32_ps(tr->c1, idx));
+        __m256 v1 = _mm256_mul_ps(f, _mm256_permutevar8x32_ps(tr->s1, idx));
+        for (int r = 0; r < R; r++) {
+            __m256 wv = _mm256_broadcast_ss(w + (size_t)r * ld + t);
+            a[2 * r] = _mm256_fmadd_ps(wv, v0, a[2 * r]);
+            a[2 * r + 1] = _mm256_fmadd_ps(wv, v1, a[2 * r + 1]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *p = acc + (size_t)r * d + 16 * j;
+        _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), a[2 * r]));
+        _mm256_storeu_ps(p + 8, _mm256_add_ps(_mm256_loadu_ps(p + 8), a[2 * r + 1]));
+    }
+}
+
+/* R rows (4 or 1) of acc (d apart, in the kernels' coordinate order): per
+ * lane group and pass of VTOKENS tokens, the tree down to level 2 once per
+ * token (parents), then the leaves level-1 node by node with the node's
+ * sums in registers (accum_node), so the accumulators are not loaded and
+ * stored for every token. */
 static ALWAYS_INLINE void accum_rows(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
                                      const float *w, int ld, const int R, float *acc) {
-    int t = 0;
-    for (; t + 2 <= n; t += 2) accum_tokens(tr, rad, codes, cb, d / 16, w, ld, t, 2, R, acc, d);
-    if (t < n) accum_tokens(tr, rad, codes, cb, d / 16, w, ld, t, 1, R, acc, d);
+    int nb = d / 16;
+    __m256 par[8 * VTOKENS];
+    __m256i l1[VTOKENS];
+    for (int g = 0; g < nb / 8; g++)
+        for (int t0 = 0; t0 < n; t0 += VTOKENS) {
+            int cnt = n - t0 < VTOKENS ? n - t0 : VTOKENS;
+            parents(tr, rad + (size_t)t0 * nb, codes + (size_t)t0 * cb, cb, nb, g, cnt, par, l1);
+            for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, cnt, w + t0, ld, R, acc + (size_t)g * 128, d);
+        }
 }
 
 void vq_polar_accum_avx2(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
