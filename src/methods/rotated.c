@@ -155,22 +155,33 @@ void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes,
     }
 }
 
-/* Nibble positions j0 .. j0 + nj of the tables of w rows (4: interleaved,
- * or 1), from v (the projected rows for signs 4 j0 on, vs apart): entry b
- * starts from the one without b's lowest set bit, so each costs one add. */
-static void table_group(const float *v, size_t vs, int j0, int nj, int w, float *tab) {
-    for (int j = 0; j < nj; j++) {
-        float *e = tab + (size_t)(j0 + j) * 16 * w;
-        for (int r = 0; r < w; r++) {
-            const float *x = v + (size_t)r * vs + 4 * j;
-            e[r] = -(x[0] + x[1]) - (x[2] + x[3]);
-        }
-        for (int b = 1; b < 16; b++) {
-            int i = 0;
-            while (!((b >> i) & 1)) i++;
-            const float *from = e + (b & (b - 1)) * w;
-            for (int r = 0; r < w; r++) e[b * w + r] = from[r] + 2 * v[(size_t)r * vs + 4 * j + i];
-        }
+/* The 16 sums +-x_0 +-x_1 +-x_2 +-x_3 of w rows (x rows xs apart) into
+ * e[b * w + r]: entry b starts from the one without b's lowest set bit, so
+ * each costs one add. */
+static void nibble_sums(const float *x, size_t xs, int w, float *e) {
+    for (int r = 0; r < w; r++) {
+        const float *xr = x + (size_t)r * xs;
+        e[r] = -(xr[0] + xr[1]) - (xr[2] + xr[3]);
+    }
+    for (int b = 1; b < 16; b++) {
+        int i = 0;
+        while (!((b >> i) & 1)) i++;
+        const float *from = e + (b & (b - 1)) * w;
+        for (int r = 0; r < w; r++) e[b * w + r] = from[r] + 2 * x[(size_t)r * xs + i];
+    }
+}
+
+/* Byte positions k0 .. k0 + nk of the tables of w rows (4: interleaved, or
+ * 1), from v (the projected rows for signs 8 k0 on, vs apart): each entry is
+ * the sum of its two nibbles' entries. */
+static void table_group(const float *v, size_t vs, int k0, int nk, int w, float *tab) {
+    float lo[16 * 4], hi[16 * 4];
+    for (int k = 0; k < nk; k++) {
+        float *e = tab + (size_t)(k0 + k) * 256 * w;
+        nibble_sums(v + 8 * k, vs, w, lo);
+        nibble_sums(v + 8 * k + 4, vs, w, hi);
+        for (int b = 0; b < 256; b++)
+            for (int r = 0; r < w; r++) e[b * w + r] = lo[(b & 15) * w + r] + hi[(b >> 4) * w + r];
     }
 }
 
@@ -194,7 +205,7 @@ void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_strid
             int cnt = m - i0 < PIECE ? m - i0 : PIECE;
             for (int k = 0; k < w; k++)
                 for (int i = 0; i < cnt; i++) v[k * PIECE + i] = dot(s + (size_t)(i0 + i) * d, x + (size_t)(r + k) * x_stride, d);
-            table_group(v, PIECE, i0 / 4, cnt / 4, w, tab + (size_t)r * 4 * m);
+            table_group(v, PIECE, i0 / 8, cnt / 8, w, tab + (size_t)r * 32 * m);
         }
         r += w;
     }
@@ -210,14 +221,13 @@ void vq_signs_score(const float *tab, int m, int rows, const uint8_t *signs, siz
 #endif
     for (int r = 0; r < rows;) {
         int w = rows - r >= 4 ? 4 : 1;
-        const float *tg = tab + (size_t)r * 4 * m;
+        const float *tg = tab + (size_t)r * 32 * m;
         for (int t = 0; t < n; t++) {
             const uint8_t *s = signs + (size_t)t * stride;
             float acc[4] = {0, 0, 0, 0};
             for (int k = 0; k < m / 8; k++) {
-                const float *lo = tg + ((size_t)32 * k + (s[k] & 15)) * w;
-                const float *hi = tg + ((size_t)32 * k + 16 + (s[k] >> 4)) * w;
-                for (int i = 0; i < w; i++) acc[i] += lo[i] + hi[i];
+                const float *e = tg + ((size_t)256 * k + s[k]) * w;
+                for (int i = 0; i < w; i++) acc[i] += e[i];
             }
             for (int i = 0; i < w; i++) {
                 float *o = out + (size_t)(r + i) * ld + t;

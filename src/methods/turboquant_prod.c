@@ -126,7 +126,7 @@ static void prod_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0,
 
 /* Prepared rows: the sign tables of S R q (rotated.h), then the rows of
  * R q (d floats each). */
-static size_t prod_prep_floats(const vq_mparams *p) { return 5 * (size_t)p->head_dim; }
+static size_t prod_prep_floats(const vq_mparams *p) { return 33 * (size_t)p->head_dim; }
 
 static void prod_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim;
