@@ -211,6 +211,32 @@ void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_strid
     }
 }
 
+/* For each code byte k of w rows (x rows xs apart): the sums of the codes
+ * of each nibble value into lo (bits 0..3) and hi (bits 4..7), [16][w],
+ * then entry b = lo[b & 15] + hi[b >> 4]. */
+void vq_codes_table(int d, int bits, const float *levels, const float *x, size_t x_stride, int rows, float *tab) {
+    int stride = d * bits / 8, per = 8 / bits, mask = (1 << bits) - 1;
+    float half[2][16 * 4];
+    for (int r0 = 0; r0 < rows;) {
+        int w = rows - r0 >= 4 ? 4 : 1;
+        for (int k = 0; k < stride; k++) {
+            for (int h = 0; h < 2; h++)
+                for (int nib = 0; nib < 16; nib++)
+                    for (int r = 0; r < w; r++) {
+                        const float *xr = x + (size_t)(r0 + r) * x_stride;
+                        float s = 0;
+                        for (int j = h * per / 2; j < (h + 1) * per / 2; j++)
+                            s += xr[j * stride + k] * levels[(nib >> (bits * j - 4 * h)) & mask];
+                        half[h][nib * w + r] = s;
+                    }
+            float *e = tab + (size_t)r0 * 256 * stride + (size_t)k * 256 * w;
+            for (int b = 0; b < 256; b++)
+                for (int r = 0; r < w; r++) e[b * w + r] = half[0][(b & 15) * w + r] + half[1][(b >> 4) * w + r];
+        }
+        r0 += w;
+    }
+}
+
 void vq_signs_score(const float *tab, int m, int rows, const uint8_t *signs, size_t stride, const float *gain, int n,
                     float *out, int ld, bool add) {
 #if defined(__x86_64__)
