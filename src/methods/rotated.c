@@ -171,17 +171,30 @@ static void nibble_sums(const float *x, size_t xs, int w, float *e) {
     }
 }
 
+/* Entry b = lo[b & 15] + hi[b >> 4] of one byte position's table for w
+ * rows (lo, hi: [16][w]; e: [256][w]). With four rows a run of 16 entries
+ * is lo plus one vector of hi, which the compiler vectorizes: the tables
+ * are rebuilt every attention call, 32 m floats a row, and the scalar loop
+ * cost about 20 ns per (token, kv head) at 512 cached tokens. */
+static void expand_bytes(const float *lo, const float *hi, int w, float *e) {
+    if (w == 4) {
+        for (int bh = 0; bh < 16; bh++)
+            for (int i = 0; i < 64; i += 4)
+                for (int r = 0; r < 4; r++) e[bh * 64 + i + r] = lo[i + r] + hi[bh * 4 + r];
+        return;
+    }
+    for (int b = 0; b < 256; b++) e[b] = lo[b & 15] + hi[b >> 4];
+}
+
 /* Byte positions k0 .. k0 + nk of the tables of w rows (4: interleaved, or
  * 1), from v (the projected rows for signs 8 k0 on, vs apart): each entry is
  * the sum of its two nibbles' entries. */
 static void table_group(const float *v, size_t vs, int k0, int nk, int w, float *tab) {
     float lo[16 * 4], hi[16 * 4];
     for (int k = 0; k < nk; k++) {
-        float *e = tab + (size_t)(k0 + k) * 256 * w;
         nibble_sums(v + 8 * k, vs, w, lo);
         nibble_sums(v + 8 * k + 4, vs, w, hi);
-        for (int b = 0; b < 256; b++)
-            for (int r = 0; r < w; r++) e[b * w + r] = lo[(b & 15) * w + r] + hi[(b >> 4) * w + r];
+        expand_bytes(lo, hi, w, tab + (size_t)(k0 + k) * 256 * w);
     }
 }
 
@@ -211,27 +224,33 @@ void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_strid
     }
 }
 
-/* For each code byte k of w rows (x rows xs apart): the sums of the codes
- * of each nibble value into lo (bits 0..3) and hi (bits 4..7), [16][w],
- * then entry b = lo[b & 15] + hi[b >> 4]. */
-void vq_codes_table(int d, int bits, const float *levels, const float *x, size_t x_stride, int rows, float *tab) {
-    int stride = d * bits / 8, per = 8 / bits, mask = (1 << bits) - 1;
+/* Code byte k holds channels k + j d/8, j = 0..7 (pack.h). Its nibbles'
+ * sums sum_j x_j levels[bit j] of w rows go to lo and hi ([16][w]; entry
+ * b from the one without b's lowest set bit, one multiply-add each), then
+ * entry b = lo[b & 15] + hi[b >> 4]. */
+void vq_codes_table(int d, const float *levels, const float *x, size_t x_stride, int rows, float *tab) {
+    int stride = d / 8;
     float half[2][16 * 4];
     for (int r0 = 0; r0 < rows;) {
         int w = rows - r0 >= 4 ? 4 : 1;
         for (int k = 0; k < stride; k++) {
-            for (int h = 0; h < 2; h++)
-                for (int nib = 0; nib < 16; nib++)
+            for (int h = 0; h < 2; h++) {
+                float *e = half[h];
+                for (int r = 0; r < w; r++) {
+                    const float *xr = x + (size_t)(r0 + r) * x_stride + k + (size_t)4 * h * stride;
+                    e[r] = (xr[0] + xr[stride]) * levels[0] + (xr[2 * stride] + xr[3 * stride]) * levels[0];
+                }
+                for (int b = 1; b < 16; b++) {
+                    int i = 0;
+                    while (!((b >> i) & 1)) i++;
+                    const float *from = e + (b & (b - 1)) * w;
                     for (int r = 0; r < w; r++) {
-                        const float *xr = x + (size_t)(r0 + r) * x_stride;
-                        float s = 0;
-                        for (int j = h * per / 2; j < (h + 1) * per / 2; j++)
-                            s += xr[j * stride + k] * levels[(nib >> (bits * j - 4 * h)) & mask];
-                        half[h][nib * w + r] = s;
+                        float xi = x[(size_t)(r0 + r) * x_stride + k + (size_t)(4 * h + i) * stride];
+                        e[b * w + r] = from[r] + xi * (levels[1] - levels[0]);
                     }
-            float *e = tab + (size_t)r0 * 256 * stride + (size_t)k * 256 * w;
-            for (int b = 0; b < 256; b++)
-                for (int r = 0; r < w; r++) e[b * w + r] = half[0][(b & 15) * w + r] + half[1][(b >> 4) * w + r];
+                }
+            }
+            expand_bytes(half[0], half[1], w, tab + (size_t)r0 * 256 * stride + (size_t)k * 256 * w);
         }
         r0 += w;
     }

@@ -70,14 +70,13 @@ static inline size_t vq_signs_table_floats(int m, int rows) { return (size_t)32 
 /* The tables of v = S x for `rows` vectors x (d floats each, x_stride
  * apart) and the m x d row-major S; S x is never stored whole. */
 void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_stride, int rows, float *tab);
-/* Packed codes scored the same way: tables in vq_signs_table's layout
- * whose entry (k, b) holds sum_j x[channel] * levels[code] over the codes
- * a byte value b at byte k of the packed codes (bits 1 or 2, pack.h)
- * holds, so vq_signs_score with m = 8 vq_packed_bytes(bits, d) gives
- * sum_c x[c] levels[code_c] from d bits / 8 lookups and adds (tq-prod's
- * keys: 16 or 32 for d = 128, against 64 multiply-adds for four rows in
- * the codes kernel). */
-void vq_codes_table(int d, int bits, const float *levels, const float *x, size_t x_stride, int rows, float *tab);
+/* 1-bit packed codes (pack.h) scored the same way: tables in
+ * vq_signs_table's layout whose entry (k, b) holds sum_j x[channel] *
+ * levels[code] over the 8 codes a byte value b at byte k holds, so
+ * vq_signs_score with m = d gives sum_c x[c] levels[code_c] from d/8
+ * lookups and adds (tq-prod 2-bit keys: 16 for d = 128, against 32
+ * multiply-adds for four rows in the codes kernel). */
+void vq_codes_table(int d, const float *levels, const float *x, size_t x_stride, int rows, float *tab);
 /* out[r * ld + t] (+)= gain[t] * sum_i s_t,i v_r[i] for the n sketches
  * signs + t * stride, from vq_signs_table's tab; `add` adds instead of
  * storing. */

@@ -145,7 +145,7 @@ static void prod_prep_query(const vq_mparams *p, const float *q, int rows, float
     float *rq = prep + vq_signs_table_floats(d, rows);
     for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, rq + (size_t)r * d);
     vq_signs_table(p->proj, d, d, rq, (size_t)d, rows, prep);
-    if (codes_tabled(p)) vq_codes_table(d, p->bits - 1, p->cb[0]->centroid, rq, (size_t)d, rows, rq + (size_t)rows * d);
+    if (codes_tabled(p)) vq_codes_table(d, p->cb[0]->centroid, rq, (size_t)d, rows, rq + (size_t)rows * d);
 }
 
 /* Accumulator rows: the rotated-domain codebook part (d floats), then the
