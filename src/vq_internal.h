@@ -39,6 +39,12 @@ typedef struct {
     int outliers;    /* qjl: channels per vector kept exact */
     int levels;      /* polar: recursion levels L (blocks of 2^L coordinates) */
     int level_bits[VQ_MAX_LEVELS]; /* polar: angle bits by level */
+    /* polar: cosine and sine of every level's angle levels, computed once by
+     * finish() (attention used to recompute them per block: about a tenth
+     * of its time). Entries past a level's 2^bits repeat the first ones
+     * (entry c holds level c mod 2^bits), which the AVX2 kernel reads as its
+     * replicated lookup tables. */
+    float angle_cos[VQ_MAX_LEVELS][16], angle_sin[VQ_MAX_LEVELS][16];
     uint64_t seed;   /* rotation and projection seed */
     /* Filled by finish(): process-wide shared objects (core/rotate.h). */
     const struct vq_rotation *rot;

@@ -32,7 +32,10 @@
  * rebuilt coordinates times the weight in the rotated domain and
  * finish_rows applies R^T. 4/2/2/2 with d a multiple of 128 (the default
  * at the usual head dims) runs 8 coordinate blocks per vector
- * (kernels/cpu/polar_avx2.c); other settings rebuild one block at a time. */
+ * (kernels/cpu/polar_avx2.c), with the prepared query and the accumulators
+ * in that kernel's coordinate order (avx2_pos); other settings rebuild one
+ * block at a time. The angles' cosines and sines are computed once, in
+ * finish(). */
 #include "rotated.h"
 
 #include <math.h>
@@ -41,11 +44,12 @@
 #include <string.h>
 
 /* kernels/cpu/polar_avx2.c: the 4/2/2/2 layout with d a multiple of 128;
- * tables as made by avx2_tables below. */
-void vq_polar_score_avx2(const float tables[8][8], const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
-                         const float *q, int rows, float *logits, int ld, float *scratch);
-void vq_polar_accum_avx2(const float tables[8][8], const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
-                         const float *w, int ld, int rows, float *acc, float *scratch);
+ * cs, sn: vq_mparams' angle_cos, angle_sin; q and acc rows (d apart) in
+ * the kernels' coordinate order (avx2_pos). */
+void vq_polar_score_avx2(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
+                         size_t cb, int d, int n, const float *q, int rows, float *logits, int ld);
+void vq_polar_accum_avx2(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
+                         size_t cb, int d, int n, const float *w, int ld, int rows, float *acc);
 
 static const char NAME[] = "polar";
 static const double TWO_PI = 6.283185307179586;
@@ -72,6 +76,8 @@ static vq_status polar_set_option(vq_mparams *p, const char *key, const char *va
     return vq_fail(VQ_ERR_ARG, "%s: unknown option '%s' (options: bits, seed, residual)", NAME, key);
 }
 
+static void trig_init(vq_mparams *p);
+
 static vq_status polar_finish(vq_mparams *p) {
     if (p->levels == 0) {
         const int paper[4] = {4, 2, 2, 2};
@@ -93,6 +99,7 @@ static vq_status polar_finish(vq_mparams *p) {
             return vq_fail(VQ_ERR_NOMEM, "%s: out of memory for the rotation or codebooks (head dim %d)", NAME,
                            p->head_dim);
     }
+    trig_init(p);
     return VQ_OK;
 }
 
@@ -148,27 +155,31 @@ static int get_bits(const uint8_t *s, size_t pos, int bits) {
     return (int)(v & ((1u << bits) - 1));
 }
 
-/* The cosine and sine of every level's angle levels. Level 1's angles are
- * uniform, a_(c + n/2) = a_c + pi, and stored as exact negatives so that
- * the AVX2 kernel's half table with a sign flip gives the same numbers. */
-typedef struct {
-    float cs[VQ_MAX_LEVELS][16], sn[VQ_MAX_LEVELS][16];
-} trig;
-
-static void trig_init(const vq_mparams *p, trig *tr) {
+/* The cosine and sine of every level's angle levels, into p (see
+ * vq_mparams). Level 1's angles are uniform, a_(c + n/2) = a_c + pi, and
+ * stored as exact negatives so that the AVX2 kernel's half table with a
+ * sign flip gives the same numbers. */
+static void trig_init(vq_mparams *p) {
     int n1 = 1 << p->level_bits[0];
     for (int c = 0; c < n1 / 2; c++) {
         double a = (c + 0.5) * TWO_PI / n1;
-        tr->cs[0][c] = (float)cos(a);
-        tr->sn[0][c] = (float)sin(a);
-        tr->cs[0][c + n1 / 2] = -tr->cs[0][c];
-        tr->sn[0][c + n1 / 2] = -tr->sn[0][c];
+        p->angle_cos[0][c] = (float)cos(a);
+        p->angle_sin[0][c] = (float)sin(a);
+        p->angle_cos[0][c + n1 / 2] = -p->angle_cos[0][c];
+        p->angle_sin[0][c + n1 / 2] = -p->angle_sin[0][c];
     }
     for (int l = 1; l < p->levels; l++)
         for (int c = 0; c < p->cb[l]->n; c++) {
-            tr->cs[l][c] = cosf(p->cb[l]->centroid[c]);
-            tr->sn[l][c] = sinf(p->cb[l]->centroid[c]);
+            p->angle_cos[l][c] = cosf(p->cb[l]->centroid[c]);
+            p->angle_sin[l][c] = sinf(p->cb[l]->centroid[c]);
         }
+    for (int l = 0; l < p->levels; l++) {
+        int nc = 1 << p->level_bits[l];
+        for (int c = nc; c < 16; c++) {
+            p->angle_cos[l][c] = p->angle_cos[l][c % nc];
+            p->angle_sin[l][c] = p->angle_sin[l][c % nc];
+        }
+    }
 }
 
 /* Bit offset of coordinate block k's first level-l angle in a token's
@@ -182,7 +193,7 @@ static size_t level_pos(const vq_mparams *p, int l, int k) {
 
 /* Rebuilds coordinate block k of a token into val[0..B) from the codes
  * (bit stream s) and the radius. */
-static void rebuild(const vq_mparams *p, const trig *tr, const uint8_t *s, int k, float radius, float *val) {
+static void rebuild(const vq_mparams *p, const uint8_t *s, int k, float radius, float *val) {
     int L = p->levels, B = 1 << L;
     size_t off[VQ_MAX_LEVELS];
     for (int l = 0; l < L; l++) off[l] = level_pos(p, l, k);
@@ -192,8 +203,8 @@ static void rebuild(const vq_mparams *p, const trig *tr, const uint8_t *s, int k
         for (int i = nodes - 1; i >= 0; i--) {
             int c = get_bits(s, off[l] + (size_t)i * bits, bits);
             float r = val[i];
-            val[2 * i] = r * tr->cs[l][c];
-            val[2 * i + 1] = r * tr->sn[l][c];
+            val[2 * i] = r * p->angle_cos[l][c];
+            val[2 * i + 1] = r * p->angle_sin[l][c];
         }
     }
 }
@@ -236,26 +247,12 @@ static void polar_encode(const vq_mparams *p, const float *x, size_t x_stride, i
 static void polar_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, int n, float *out) {
     int d = p->head_dim, B = 1 << p->levels, nb = n_blocks(p);
     const uint16_t *rad = (const uint16_t *)blk;
-    trig tr;
-    trig_init(p, &tr);
     for (int t = t0; t < t0 + n; t++) {
         float *o = out + (size_t)(t - t0) * d;
         for (int k = 0; k < nb; k++)
-            rebuild(p, &tr, codes_at(p, blk, bt, t), k, vq_f16_to_f32(rad[(size_t)t * nb + k]), o + k * B);
+            rebuild(p, codes_at(p, blk, bt, t), k, vq_f16_to_f32(rad[(size_t)t * nb + k]), o + k * B);
         vq_rotate_inverse(p->rot, o, o);
     }
-}
-
-static size_t polar_prep_floats(const vq_mparams *p) { return (size_t)p->head_dim; }
-
-static void polar_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
-    int d = p->head_dim;
-    for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, prep + (size_t)r * d);
-}
-
-static void polar_finish_rows(const vq_mparams *p, float *acc, int rows) {
-    int d = p->head_dim;
-    for (int r = 0; r < rows; r++) vq_rotate_inverse(p->rot, acc + (size_t)r * d, acc + (size_t)r * d);
 }
 
 /* Whether the AVX2 kernels cover p: the paper's 4/2/2/2 at d a multiple
@@ -270,46 +267,73 @@ static bool avx2_covered(const vq_mparams *p) {
 #endif
 }
 
-/* The AVX2 kernels' tables: level 1's first 8 cosines and sines, then the
- * 2-bit levels' cosines and sines, each replicated to 8 entries. */
-static void avx2_tables(const vq_mparams *p, float t[8][8]) {
-    trig tr;
-    trig_init(p, &tr);
-    for (int i = 0; i < 8; i++) {
-        t[0][i] = tr.cs[0][i];
-        t[1][i] = tr.sn[0][i];
-        for (int l = 1; l < 4; l++) {
-            t[2 * l][i] = tr.cs[l][i & 3];
-            t[2 * l + 1][i] = tr.sn[l][i & 3];
+/* Where the AVX2 kernels keep rotated coordinate c in a prepared q row or
+ * an accumulator row: coordinate i of the 8 blocks 8g..8g+7 side by side,
+ * [g][i][8 blocks], the order their registers hold (kernels/cpu/
+ * polar_avx2.c). Keeping q and the sums in that order saves transposing
+ * them in every score and accum call. */
+static int avx2_pos(int c) {
+    int blk = c / 16, i = c % 16;
+    return (blk / 8) * 128 + i * 8 + blk % 8;
+}
+
+static size_t polar_prep_floats(const vq_mparams *p) { return (size_t)p->head_dim; }
+
+/* Prepared rows: R q. For the AVX2 kernels in their coordinate order
+ * (avx2_pos) and interleaved in fours, [g][i][row][8 blocks]: row r of a
+ * group keeps coordinate c at 32 (avx2_pos(c) / 8) + 8 r + avx2_pos(c) % 8;
+ * the leftover rows follow one by one. */
+static void polar_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
+    int d = p->head_dim;
+    bool perm = avx2_covered(p);
+    float u[1024];
+    for (int r = 0; r < rows; r++) {
+        float *o = prep + (size_t)r * d;
+        vq_rotate(p->rot, q + (size_t)r * d, perm ? u : o);
+        if (!perm) continue;
+        int r0 = r < rows / 4 * 4 ? r / 4 * 4 : r, w = r < rows / 4 * 4 ? 4 : 1; /* r's group of w rows */
+        float *og = prep + (size_t)r0 * d + (size_t)(r - r0) * 8;
+        for (int c = 0; c < d; c++) {
+            int pos = avx2_pos(c);
+            og[(size_t)(pos / 8) * 8 * w + pos % 8] = u[c];
         }
     }
 }
 
-/* The AVX2 kernels' transposed q or accumulators of 4 rows. */
+static void polar_finish_rows(const vq_mparams *p, float *acc, int rows) {
+    int d = p->head_dim;
+    bool perm = avx2_covered(p);
+    float u[1024];
+    for (int r = 0; r < rows; r++) {
+        float *a = acc + (size_t)r * d;
+        if (perm)
+            for (int c = 0; c < d; c++) u[c] = a[avx2_pos(c)];
+        vq_rotate_inverse(p->rot, perm ? u : a, a);
+    }
+}
+
 static size_t polar_scratch(const vq_mparams *p, int rows) {
+    (void)p;
     (void)rows;
-    return 4 * (size_t)p->head_dim;
+    return 0;
 }
 
 static void polar_score(const vq_mparams *p, const float *q, int rows, const uint8_t *blk, int bt, int t0, int n,
                         float *logits, int ld, float *scratch) {
     int d = p->head_dim, B = 1 << p->levels, nb = n_blocks(p);
     const uint16_t *rad = (const uint16_t *)blk;
+    (void)scratch;
     if (avx2_covered(p)) {
-        float t[8][8];
-        avx2_tables(p, t);
-        vq_polar_score_avx2(t, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0), code_bytes(p), d, n, q, rows, logits,
-                            ld, scratch);
+        vq_polar_score_avx2(p->angle_cos, p->angle_sin, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0),
+                            code_bytes(p), d, n, q, rows, logits, ld);
         return;
     }
-    trig tr;
-    trig_init(p, &tr);
     float val[1024];
     for (int j = 0; j < n; j++) {
         int t = t0 + j;
         for (int r = 0; r < rows; r++) logits[(size_t)r * ld + j] = 0;
         for (int k = 0; k < nb; k++) {
-            rebuild(p, &tr, codes_at(p, blk, bt, t), k, vq_f16_to_f32(rad[(size_t)t * nb + k]), val);
+            rebuild(p, codes_at(p, blk, bt, t), k, vq_f16_to_f32(rad[(size_t)t * nb + k]), val);
             for (int r = 0; r < rows; r++)
                 logits[(size_t)r * ld + j] += vq_vec_dot(q + (size_t)r * d + k * B, val, B);
         }
@@ -320,20 +344,17 @@ static void polar_accum(const vq_mparams *p, const float *w, int ld, int rows, c
                         int n, float *acc, float *scratch) {
     int d = p->head_dim, B = 1 << p->levels, nb = n_blocks(p);
     const uint16_t *rad = (const uint16_t *)blk;
+    (void)scratch;
     if (avx2_covered(p)) {
-        float t[8][8];
-        avx2_tables(p, t);
-        vq_polar_accum_avx2(t, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0), code_bytes(p), d, n, w, ld, rows, acc,
-                            scratch);
+        vq_polar_accum_avx2(p->angle_cos, p->angle_sin, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0),
+                            code_bytes(p), d, n, w, ld, rows, acc);
         return;
     }
-    trig tr;
-    trig_init(p, &tr);
     float val[1024];
     for (int j = 0; j < n; j++) {
         int t = t0 + j;
         for (int k = 0; k < nb; k++) {
-            rebuild(p, &tr, codes_at(p, blk, bt, t), k, vq_f16_to_f32(rad[(size_t)t * nb + k]), val);
+            rebuild(p, codes_at(p, blk, bt, t), k, vq_f16_to_f32(rad[(size_t)t * nb + k]), val);
             for (int r = 0; r < rows; r++) {
                 float wt = w[(size_t)r * ld + j];
                 if (wt != 0) vq_vec_axpy(wt, val, acc + (size_t)r * d + k * B, B);

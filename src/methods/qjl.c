@@ -131,8 +131,8 @@ static void qjl_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, 
 
 /* Prepared rows: the sign tables of S q (rotated.h), then the rows of q
  * themselves (d floats each, for the outliers). Built once per attention
- * call, so a key costs m/4 table lookups and adds. */
-static size_t qjl_prep_floats(const vq_mparams *p) { return 4 * (size_t)p->sketch + (size_t)p->head_dim; }
+ * call, so a key costs m/8 table lookups and adds. */
+static size_t qjl_prep_floats(const vq_mparams *p) { return 32 * (size_t)p->sketch + (size_t)p->head_dim; }
 
 static void qjl_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim, m = p->sketch;

@@ -155,22 +155,46 @@ void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes,
     }
 }
 
-/* Nibble positions j0 .. j0 + nj of the tables of w rows (4: interleaved,
- * or 1), from v (the projected rows for signs 4 j0 on, vs apart): entry b
- * starts from the one without b's lowest set bit, so each costs one add. */
-static void table_group(const float *v, size_t vs, int j0, int nj, int w, float *tab) {
-    for (int j = 0; j < nj; j++) {
-        float *e = tab + (size_t)(j0 + j) * 16 * w;
-        for (int r = 0; r < w; r++) {
-            const float *x = v + (size_t)r * vs + 4 * j;
-            e[r] = -(x[0] + x[1]) - (x[2] + x[3]);
-        }
-        for (int b = 1; b < 16; b++) {
-            int i = 0;
-            while (!((b >> i) & 1)) i++;
-            const float *from = e + (b & (b - 1)) * w;
-            for (int r = 0; r < w; r++) e[b * w + r] = from[r] + 2 * v[(size_t)r * vs + 4 * j + i];
-        }
+/* The 16 sums +-x_0 +-x_1 +-x_2 +-x_3 of w rows (x rows xs apart) into
+ * e[b * w + r]: entry b starts from the one without b's lowest set bit, so
+ * each costs one add. */
+static void nibble_sums(const float *x, size_t xs, int w, float *e) {
+    for (int r = 0; r < w; r++) {
+        const float *xr = x + (size_t)r * xs;
+        e[r] = -(xr[0] + xr[1]) - (xr[2] + xr[3]);
+    }
+    for (int b = 1; b < 16; b++) {
+        int i = 0;
+        while (!((b >> i) & 1)) i++;
+        const float *from = e + (b & (b - 1)) * w;
+        for (int r = 0; r < w; r++) e[b * w + r] = from[r] + 2 * x[(size_t)r * xs + i];
+    }
+}
+
+/* Entry b = lo[b & 15] + hi[b >> 4] of one byte position's table for w
+ * rows (lo, hi: [16][w]; e: [256][w]). With four rows a run of 16 entries
+ * is lo plus one vector of hi, which the compiler vectorizes: the tables
+ * are rebuilt every attention call, 32 m floats a row, and the scalar loop
+ * cost about 20 ns per (token, kv head) at 512 cached tokens. */
+static void expand_bytes(const float *lo, const float *hi, int w, float *e) {
+    if (w == 4) {
+        for (int bh = 0; bh < 16; bh++)
+            for (int i = 0; i < 64; i += 4)
+                for (int r = 0; r < 4; r++) e[bh * 64 + i + r] = lo[i + r] + hi[bh * 4 + r];
+        return;
+    }
+    for (int b = 0; b < 256; b++) e[b] = lo[b & 15] + hi[b >> 4];
+}
+
+/* Byte positions k0 .. k0 + nk of the tables of w rows (4: interleaved, or
+ * 1), from v (the projected rows for signs 8 k0 on, vs apart): each entry is
+ * the sum of its two nibbles' entries. */
+static void table_group(const float *v, size_t vs, int k0, int nk, int w, float *tab) {
+    float lo[16 * 4], hi[16 * 4];
+    for (int k = 0; k < nk; k++) {
+        nibble_sums(v + 8 * k, vs, w, lo);
+        nibble_sums(v + 8 * k + 4, vs, w, hi);
+        expand_bytes(lo, hi, w, tab + (size_t)(k0 + k) * 256 * w);
     }
 }
 
@@ -194,9 +218,41 @@ void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_strid
             int cnt = m - i0 < PIECE ? m - i0 : PIECE;
             for (int k = 0; k < w; k++)
                 for (int i = 0; i < cnt; i++) v[k * PIECE + i] = dot(s + (size_t)(i0 + i) * d, x + (size_t)(r + k) * x_stride, d);
-            table_group(v, PIECE, i0 / 4, cnt / 4, w, tab + (size_t)r * 4 * m);
+            table_group(v, PIECE, i0 / 8, cnt / 8, w, tab + (size_t)r * 32 * m);
         }
         r += w;
+    }
+}
+
+/* Code byte k holds channels k + j d/8, j = 0..7 (pack.h). Its nibbles'
+ * sums sum_j x_j levels[bit j] of w rows go to lo and hi ([16][w]; entry
+ * b from the one without b's lowest set bit, one multiply-add each), then
+ * entry b = lo[b & 15] + hi[b >> 4]. */
+void vq_codes_table(int d, const float *levels, const float *x, size_t x_stride, int rows, float *tab) {
+    int stride = d / 8;
+    float half[2][16 * 4];
+    for (int r0 = 0; r0 < rows;) {
+        int w = rows - r0 >= 4 ? 4 : 1;
+        for (int k = 0; k < stride; k++) {
+            for (int h = 0; h < 2; h++) {
+                float *e = half[h];
+                for (int r = 0; r < w; r++) {
+                    const float *xr = x + (size_t)(r0 + r) * x_stride + k + (size_t)4 * h * stride;
+                    e[r] = (xr[0] + xr[stride]) * levels[0] + (xr[2 * stride] + xr[3 * stride]) * levels[0];
+                }
+                for (int b = 1; b < 16; b++) {
+                    int i = 0;
+                    while (!((b >> i) & 1)) i++;
+                    const float *from = e + (b & (b - 1)) * w;
+                    for (int r = 0; r < w; r++) {
+                        float xi = x[(size_t)(r0 + r) * x_stride + k + (size_t)(4 * h + i) * stride];
+                        e[b * w + r] = from[r] + xi * (levels[1] - levels[0]);
+                    }
+                }
+            }
+            expand_bytes(half[0], half[1], w, tab + (size_t)r0 * 256 * stride + (size_t)k * 256 * w);
+        }
+        r0 += w;
     }
 }
 
@@ -210,14 +266,13 @@ void vq_signs_score(const float *tab, int m, int rows, const uint8_t *signs, siz
 #endif
     for (int r = 0; r < rows;) {
         int w = rows - r >= 4 ? 4 : 1;
-        const float *tg = tab + (size_t)r * 4 * m;
+        const float *tg = tab + (size_t)r * 32 * m;
         for (int t = 0; t < n; t++) {
             const uint8_t *s = signs + (size_t)t * stride;
             float acc[4] = {0, 0, 0, 0};
             for (int k = 0; k < m / 8; k++) {
-                const float *lo = tg + ((size_t)32 * k + (s[k] & 15)) * w;
-                const float *hi = tg + ((size_t)32 * k + 16 + (s[k] >> 4)) * w;
-                for (int i = 0; i < w; i++) acc[i] += lo[i] + hi[i];
+                const float *e = tg + ((size_t)256 * k + s[k]) * w;
+                for (int i = 0; i < w; i++) acc[i] += e[i];
             }
             for (int i = 0; i < w; i++) {
                 float *o = out + (size_t)(r + i) * ld + t;

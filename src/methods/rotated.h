@@ -56,18 +56,27 @@ void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes,
                     int n, const float *w, int ld, int rows, float *acc, int d, float *scratch);
 
 /* Sign sketches scored through per-query tables (QJL keys, tq-prod's
- * residual stage). For each nibble j of a sketch (signs 4j..4j+3) and each
- * of its 16 values b, a row's table holds sum_i (bit i of b ? v : -v)[4j + i]
+ * residual stage). For each byte k of a sketch (signs 8k..8k+7) and each of
+ * its 256 values b, a row's table holds sum_i (bit i of b ? v : -v)[8k + i]
  * with v = S x the projected query, so a sketch of m signs scores as the sum
- * of m/4 table entries: lookups and adds, no per-sign work. Nibbles rather
- * than bytes keep a table at 4 m floats (16 KB for four rows at m = 256:
- * L1). Rows are interleaved in fours (entry (j, b) of rows 4a..4a+3 side by
- * side: one 16-byte load serves four rows); the leftover rows each have a
- * plain table after them. m is a multiple of 8. */
-static inline size_t vq_signs_table_floats(int m, int rows) { return (size_t)4 * (size_t)m * (size_t)rows; }
+ * of m/8 table entries: lookups and adds, no per-sign work. A table is 32 m
+ * floats (64 KB for four rows at m = 128, 128 KB at m = 256: L2, not L1;
+ * nibble tables at 4 m floats fit L1 but take twice the lookups and the
+ * nibble extraction, and measured 5-14 % slower for tq-prod and qjl in
+ * cache). Rows are interleaved in fours (entry (k, b) of rows 4a..4a+3 side
+ * by side: one 16-byte load serves four rows); the leftover rows each have
+ * a plain table after them. m is a multiple of 8. */
+static inline size_t vq_signs_table_floats(int m, int rows) { return (size_t)32 * (size_t)m * (size_t)rows; }
 /* The tables of v = S x for `rows` vectors x (d floats each, x_stride
  * apart) and the m x d row-major S; S x is never stored whole. */
 void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_stride, int rows, float *tab);
+/* 1-bit packed codes (pack.h) scored the same way: tables in
+ * vq_signs_table's layout whose entry (k, b) holds sum_j x[channel] *
+ * levels[code] over the 8 codes a byte value b at byte k holds, so
+ * vq_signs_score with m = d gives sum_c x[c] levels[code_c] from d/8
+ * lookups and adds (tq-prod 2-bit keys: 16 for d = 128, against 32
+ * multiply-adds for four rows in the codes kernel). */
+void vq_codes_table(int d, const float *levels, const float *x, size_t x_stride, int rows, float *tab);
 /* out[r * ld + t] (+)= gain[t] * sum_i s_t,i v_r[i] for the n sketches
  * signs + t * stride, from vq_signs_table's tab; `add` adds instead of
  * storing. */

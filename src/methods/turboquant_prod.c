@@ -12,9 +12,10 @@
  * sign bits; then fp16 ||x|| [block_tokens] and fp16 gamma [block_tokens].
  * bits/elem = b + 32/d.
  *
- * Attention: prep_query gives R q and the sign tables of S R q (rotated.h)
- * per row; scores read the codes (the shared codes kernel) and the signs
- * (table lookups) directly. Values: accum adds the codebook part in the
+ * Attention: prep_query gives R q, the sign tables of S R q and, for 1-bit
+ * codes, byte tables of R q against the codebook (rotated.h) per row;
+ * scores read the codes and the signs directly: byte table lookups (the
+ * shared codes kernel for 2- and 3-bit codes). Values: accum adds the codebook part in the
  * rotated domain and the sign part in the sketch domain, side by side in a
  * 2 d accumulator row; finish_rows adds S^T of the sign part and applies
  * R^T, d^2 work per output row and attention call. */
@@ -124,15 +125,27 @@ static void prod_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0,
     }
 }
 
+/* Whether the keys' codes part is scored from byte tables (vq_codes_table)
+ * rather than by the codes kernel; then the prepared rows hold their tables
+ * too. Only for 1-bit codes (bits=2): 64 KB for four rows at d = 128. The
+ * 2-bit codes' tables (128 KB, besides the signs' 64 KB) measured slower
+ * than the codes kernel in cache (tq-prod 3-bit 68.5 -> 71.4 ns), the
+ * 1-bit ones faster (68.1 -> 60.7 ns). */
+static bool codes_tabled(const vq_mparams *p) { return p->bits == 2; }
+
 /* Prepared rows: the sign tables of S R q (rotated.h), then the rows of
- * R q (d floats each). */
-static size_t prod_prep_floats(const vq_mparams *p) { return 5 * (size_t)p->head_dim; }
+ * R q (d floats each), then (codes_tabled) the byte tables of the codes. */
+static size_t prod_prep_floats(const vq_mparams *p) {
+    size_t codes = codes_tabled(p) ? vq_signs_table_floats(8 * (int)mse_bytes(p), 1) : 0;
+    return vq_signs_table_floats(p->head_dim, 1) + (size_t)p->head_dim + codes;
+}
 
 static void prod_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim;
     float *rq = prep + vq_signs_table_floats(d, rows);
     for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, rq + (size_t)r * d);
     vq_signs_table(p->proj, d, d, rq, (size_t)d, rows, prep);
+    if (codes_tabled(p)) vq_codes_table(d, p->cb[0]->centroid, rq, (size_t)d, rows, rq + (size_t)rows * d);
 }
 
 /* Accumulator rows: the rotated-domain codebook part (d floats), then the
@@ -157,8 +170,9 @@ static vq_code_part mse_part(const vq_mparams *p) {
 /* score() and accum(): the codes kernels' scratch */
 static size_t prod_scratch(const vq_mparams *p, int rows) { return vq_codes_scratch(p->head_dim, rows); }
 
-/* len * <R q, c[codes]> from the codes kernel, then len * gamma *
- * sqrt(pi/2) / d * <S R q, signs> from the sign tables added on. */
+/* len * <R q, c[codes]> from the codes' byte tables (codes_tabled) or the
+ * codes kernel, then len * gamma * sqrt(pi/2) / d * <S R q, signs> from
+ * the sign tables added on. */
 static void prod_score(const vq_mparams *p, const float *prep, int rows, const uint8_t *blk, int bt, int t0, int n,
                        float *logits, int ld, float *scratch) {
     int d = p->head_dim;
@@ -166,12 +180,16 @@ static void prod_score(const vq_mparams *p, const float *prep, int rows, const u
     const uint16_t *nrm = meta(p, blk, bt), *gam = nrm + bt;
     vq_code_part part = mse_part(p);
     const float *rq = prep + vq_signs_table_floats(d, rows);
-    vq_codes_score(&part, 1, blk + (size_t)t0 * tb, tb, nrm + t0, n, rq, d, rows, logits, ld, scratch);
+    if (!codes_tabled(p))
+        vq_codes_score(&part, 1, blk + (size_t)t0 * tb, tb, nrm + t0, n, rq, d, rows, logits, ld, scratch);
     float gain[64], len[64];
     for (int j0 = 0; j0 < n; j0 += 64) {
         int cnt = n - j0 < 64 ? n - j0 : 64;
         vq_f16_to_f32_array(nrm + t0 + j0, len, (size_t)cnt);
         vq_f16_to_f32_array(gam + t0 + j0, gain, (size_t)cnt);
+        if (codes_tabled(p))
+            vq_signs_score(rq + (size_t)rows * d, 8 * (int)mb, rows, blk + (size_t)(t0 + j0) * tb, tb, len, cnt,
+                           logits + j0, ld, false);
         for (int j = 0; j < cnt; j++) gain[j] = len[j] * (SQRT_HALF_PI / (float)d * gain[j]);
         vq_signs_score(prep, d, rows, blk + (size_t)(t0 + j0) * tb + mb, tb, gain, cnt, logits + j0, ld, true);
     }

@@ -4,7 +4,7 @@
  * levels with an in-register table lookup (vpermps; 16 levels take two and
  * a blend). Nothing is decoded to memory. Built with -mavx2 -mfma and only
  * called after the CPU was checked. Sign sketches: a clear bit flips the
- * sign of its float (XOR), no branches; scored through per-query nibble
+ * sign of its float (XOR), no branches; scored through per-query byte
  * tables (vq_signs_score_avx2), accumulated with the bits turned into +-1.0
  * lanes (vq_signs_accum_avx2). Also the fp32 dot and axpy the query
  * projections and tq-prod's S^T use. */
@@ -134,31 +134,25 @@ void vq_signs_axpy_avx2(const uint8_t *signs, int m, float w, float *acc) {
 }
 
 /* Sign-sketch scores from vq_signs_table's tables (methods/rotated.h): per
- * sketch, one 16-byte load and add per nibble serves four rows; four add
- * chains hide the latency. The tables (4 m floats a row) sit in L1. */
+ * sketch, one 16-byte load and add per byte serves four rows; four add
+ * chains hide the latency. The tables (32 m floats a row) sit in L2. */
 void vq_signs_score_avx2(const float *tab, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
                          int n, float *out, int ld, bool add) {
     int nb = m / 8, r = 0;
     for (; r + 4 <= rows; r += 4) {
-        const float *tg = tab + (size_t)r * 4 * m;
+        const float *tg = tab + (size_t)r * 32 * m;
         for (int t = 0; t < n; t++) {
             const uint8_t *s = signs + (size_t)t * stride;
             __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps(), a2 = _mm_setzero_ps(), a3 = _mm_setzero_ps();
             int k = 0;
-            for (; k + 2 <= nb; k += 2) {
-                unsigned b0 = s[k], b1 = s[k + 1];
-                const float *e = tg + (size_t)128 * k;
-                a0 = _mm_add_ps(a0, _mm_loadu_ps(e + 4 * (b0 & 15)));
-                a1 = _mm_add_ps(a1, _mm_loadu_ps(e + 64 + 4 * (b0 >> 4)));
-                a2 = _mm_add_ps(a2, _mm_loadu_ps(e + 128 + 4 * (b1 & 15)));
-                a3 = _mm_add_ps(a3, _mm_loadu_ps(e + 192 + 4 * (b1 >> 4)));
+            for (; k + 4 <= nb; k += 4) {
+                const float *e = tg + (size_t)1024 * k;
+                a0 = _mm_add_ps(a0, _mm_loadu_ps(e + 4 * s[k]));
+                a1 = _mm_add_ps(a1, _mm_loadu_ps(e + 1024 + 4 * s[k + 1]));
+                a2 = _mm_add_ps(a2, _mm_loadu_ps(e + 2048 + 4 * s[k + 2]));
+                a3 = _mm_add_ps(a3, _mm_loadu_ps(e + 3072 + 4 * s[k + 3]));
             }
-            if (k < nb) {
-                unsigned b0 = s[k];
-                const float *e = tg + (size_t)128 * k;
-                a0 = _mm_add_ps(a0, _mm_loadu_ps(e + 4 * (b0 & 15)));
-                a1 = _mm_add_ps(a1, _mm_loadu_ps(e + 64 + 4 * (b0 >> 4)));
-            }
+            for (; k < nb; k++) a0 = _mm_add_ps(a0, _mm_loadu_ps(tg + (size_t)1024 * k + 4 * s[k]));
             float v[4];
             _mm_storeu_ps(v, _mm_mul_ps(_mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)), _mm_set1_ps(gain[t])));
             for (int i = 0; i < 4; i++) {
@@ -168,14 +162,16 @@ void vq_signs_score_avx2(const float *tab, int m, int rows, const uint8_t *signs
         }
     }
     for (; r < rows; r++) {
-        const float *tg = tab + (size_t)r * 4 * m;
+        const float *tg = tab + (size_t)r * 32 * m;
         for (int t = 0; t < n; t++) {
             const uint8_t *s = signs + (size_t)t * stride;
             float a0 = 0, a1 = 0;
-            for (int k = 0; k < nb; k++) {
-                a0 += tg[32 * k + (s[k] & 15)];
-                a1 += tg[32 * k + 16 + (s[k] >> 4)];
+            int k = 0;
+            for (; k + 2 <= nb; k += 2) {
+                a0 += tg[256 * k + s[k]];
+                a1 += tg[256 * (k + 1) + s[k + 1]];
             }
+            if (k < nb) a0 += tg[256 * k + s[k]];
             float *o = out + (size_t)r * ld + t, v = gain[t] * (a0 + a1);
             *o = add ? *o + v : v;
         }

@@ -16,9 +16,12 @@
  * (applied to the parent once for both children). No trigonometry and no
  * per-coordinate branching at attention time.
  *
- * Coordinate i of the 8 blocks of lane group g is one register; the query
- * (keys) and the accumulators (values) are transposed to match, once per
- * call, in scratch: [g][i][row][8 blocks]. The node loops are unrolled by
+ * Coordinate i of the 8 blocks of lane group g is one register; the
+ * prepared query rows (keys) and the accumulator rows (values) hold their
+ * coordinates in that order, [g][i][8 blocks] (polarquant.c's avx2_pos),
+ * so nothing is transposed per call; the query rows are also interleaved
+ * in fours, [g][i][row][8 blocks], so one pointer with constant offsets
+ * reaches every row (a pointer per row ran out of registers). The node loops are unrolled by
  * pragma: GCC left them rolled, and unrolled measured 3 % faster. */
 #include "vq_internal.h"
 
@@ -31,16 +34,16 @@
 #define ALWAYS_INLINE inline
 #endif
 
-/* cos and sin tables by level, see avx2_tables in polarquant.c: t[0],
- * t[1]: level 1 angles 0..7; t[2..7]: levels 2, 3, 4, each cos then sin,
- * the 4 levels in both 128-bit lanes. */
+/* cos and sin tables by level (vq_mparams' angle_cos, angle_sin): level 1
+ * angles 0..7; levels 2, 3, 4: their 4 angles, twice (the entries past a
+ * level's count repeat it), so both 128-bit lanes hold the table. */
 typedef struct {
     __m256 c1, s1, c2, s2, c3, s3, c4, s4;
 } trig8;
 
-static trig8 load_trig(const float t[8][8]) {
-    trig8 r = {_mm256_loadu_ps(t[0]), _mm256_loadu_ps(t[1]), _mm256_loadu_ps(t[2]), _mm256_loadu_ps(t[3]),
-               _mm256_loadu_ps(t[4]), _mm256_loadu_ps(t[5]), _mm256_loadu_ps(t[6]), _mm256_loadu_ps(t[7])};
+static trig8 load_trig(const float cs[][16], const float sn[][16]) {
+    trig8 r = {_mm256_loadu_ps(cs[0]), _mm256_loadu_ps(sn[0]), _mm256_loadu_ps(cs[1]), _mm256_loadu_ps(sn[1]),
+               _mm256_loadu_ps(cs[2]), _mm256_loadu_ps(sn[2]), _mm256_loadu_ps(cs[3]), _mm256_loadu_ps(sn[3])};
     return r;
 }
 
@@ -135,11 +138,12 @@ static void sum_parts(const float *part, int t0, int cnt, float *logits, int ld)
     }
 }
 
-/* Scores n tokens for R rows (4 or 1, a constant) from the transposed q. */
+/* Scores n tokens for R rows (4 or 1, a constant) of q ([g][i][r][8]). */
 static ALWAYS_INLINE void score_rows(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
-                                     const float *qT, const int R, float *logits, int ld) {
+                                     const float *q, const int R, float *logits, int ld) {
     int nb = d / 16;
-    float part[4 * 8 * 8] = {0}; /* a short last group sums old or zero lanes, never stored */
+    float part[4 * 8 * 8]; /* a short last group sums old or zero lanes, never stored */
+    if (R == 4 && n % 8) memset(part, 0, sizeof part);
     for (int t = 0; t < n; t++) {
         const uint8_t *c = codes + (size_t)t * cb;
         __m256 acc[8];
@@ -148,7 +152,7 @@ static ALWAYS_INLINE void score_rows(const trig8 *tr, const uint16_t *rad, const
             codes8 x = load_codes8(c, nb, g);
             __m256 a3[4];
             top_levels(tr, &x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rad + (size_t)t * nb + 8 * g))), a3);
-            const float *qg = qT + (size_t)g * 16 * R * 8;
+            const float *qg = q + (size_t)g * 128 * R;
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 __m256 p0, p1;
@@ -166,96 +170,84 @@ static ALWAYS_INLINE void score_rows(const trig8 *tr, const uint16_t *rad, const
     }
 }
 
-/* R rows of q (d apart) into qT: [g][i][r][k] = q_r[16 (8 g + k) + i]. */
-static void transpose_in(const float *q, int d, int R, float *qT) {
-    for (int g = 0; g < d / 128; g++)
-        for (int i = 0; i < 16; i++)
-            for (int r = 0; r < R; r++)
-                for (int k = 0; k < 8; k++) *qT++ = q[(size_t)r * d + 16 * (8 * g + k) + i];
-}
-
-void vq_polar_score_avx2(const float tables[8][8], const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
-                         const float *q, int rows, float *logits, int ld, float *scratch) {
-    trig8 tr = load_trig(tables);
+void vq_polar_score_avx2(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
+                         size_t cb, int d, int n, const float *q, int rows, float *logits, int ld) {
+    trig8 tr = load_trig(cs, sn);
     int r = 0;
-    for (; r + 4 <= rows; r += 4) {
-        transpose_in(q + (size_t)r * d, d, 4, scratch);
-        score_rows(&tr, rad, codes, cb, d, n, scratch, 4, logits + (size_t)r * ld, ld);
-    }
-    for (; r < rows; r++) {
-        transpose_in(q + (size_t)r * d, d, 1, scratch);
-        score_rows(&tr, rad, codes, cb, d, n, scratch, 1, logits + (size_t)r * ld, ld);
+    for (; r + 4 <= rows; r += 4) score_rows(&tr, rad, codes, cb, d, n, q + (size_t)r * d, 4, logits + (size_t)r * ld, ld);
+    for (; r < rows; r++) score_rows(&tr, rad, codes, cb, d, n, q + (size_t)r * d, 1, logits + (size_t)r * ld, ld);
+}
+
+/* Tokens per pass of the value kernel (their level-1 parents on the stack:
+ * 9 KB). */
+#define VTOKENS 32
+
+/* The level-1 parents of lane group g for tokens [0, cnt): par[8 t + j] =
+ * level-1 node j's parent with the sign of its code's bit 3 applied, l1[t]
+ * the token's level-1 codes. */
+static ALWAYS_INLINE void parents(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb, int g,
+                                  int cnt, __m256 *par, __m256i *l1) {
+    for (int t = 0; t < cnt; t++) {
+        codes8 x = load_codes8(codes + (size_t)t * cb, nb, g);
+        __m256 a3[4], *pt = par + 8 * t;
+        top_levels(tr, &x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rad + (size_t)t * nb + 8 * g))), a3);
+        for (int j = 0; j < 4; j++) level2(tr, &x, a3[j], j, &pt[2 * j], &pt[2 * j + 1]);
+        for (int j = 0; j < 8; j++) {
+            __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(x.l1, 28 - 4 * j));
+            pt[j] = _mm256_xor_ps(pt[j], _mm256_and_ps(bit3, _mm256_set1_ps(-0.0f)));
+        }
+        l1[t] = x.l1;
     }
 }
 
-/* accT[g][i][r] (8 blocks each) += sum_t w_r,t v_t over tokens t0 and t1
- * (T = 2) or t0 alone (T = 1) for R rows (4 or 1): the rebuilt coordinates
- * of the tokens meet every row's weight, and each accumulator is loaded and
- * stored once for both tokens (about 10 % faster than one token a pass:
- * a token has 64 accumulator updates for 4 rows). */
-static ALWAYS_INLINE void accum_tokens(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb,
-                                       const float *w, int ld, int t0, const int T, const int R, float *accT) {
-    for (int g = 0; g < nb / 8; g++) {
-        codes8 x[2];
-        __m256 a3[2][4];
-        for (int k = 0; k < T; k++) {
-            int t = t0 + k;
-            x[k] = load_codes8(codes + (size_t)t * cb, nb, g);
-            top_levels(tr, &x[k], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rad + (size_t)t * nb + 8 * g))),
-                       a3[k]);
+/* acc_r[coordinates 2j, 2j + 1 of the lane group] += sum_t w_r,t v_t for
+ * tokens [0, cnt) and R rows (4 or 1): the 2 R sums stay in registers over
+ * the tokens and meet memory once. acc: the lane group's accumulators of
+ * row 0, [i][8 blocks], rows d apart; w rows ld apart. */
+static ALWAYS_INLINE void accum_node(const trig8 *tr, const __m256 *par, const __m256i *l1, int j, int cnt,
+                                     const float *w, int ld, const int R, float *acc, int d) {
+    __m256 a[8];
+    for (int i = 0; i < 2 * R; i++) a[i] = _mm256_setzero_ps();
+    for (int t = 0; t < cnt; t++) {
+        __m256i idx = _mm256_srli_epi32(l1[t], 4 * j);
+        __m256 f = par[8 * t + j];
+        __m256 v0 = _mm256_mul_ps(f, _mm256_permutevar8x32_ps(tr->c1, idx));
+        __m256 v1 = _mm256_mul_ps(f, _mm256_permutevar8x32_ps(tr->s1, idx));
+        for (int r = 0; r < R; r++) {
+            __m256 wv = _mm256_broadcast_ss(w + (size_t)r * ld + t);
+            a[2 * r] = _mm256_fmadd_ps(wv, v0, a[2 * r]);
+            a[2 * r + 1] = _mm256_fmadd_ps(wv, v1, a[2 * r + 1]);
         }
-        float *ag = accT + (size_t)g * 16 * R * 8;
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            __m256 p[2][2];
-            for (int k = 0; k < T; k++) level2(tr, &x[k], a3[k][j], j, &p[k][0], &p[k][1]);
-            for (int h = 0; h < 2; h++) {
-                int node = 2 * j + h;
-                __m256 v0[2], v1[2];
-                for (int k = 0; k < T; k++) leaf_pair(tr, &x[k], p[k][h], node, &v0[k], &v1[k]);
-                for (int r = 0; r < R; r++) {
-                    float *a0 = ag + ((2 * node) * R + r) * 8, *a1 = ag + ((2 * node + 1) * R + r) * 8;
-                    __m256 s0 = _mm256_loadu_ps(a0), s1 = _mm256_loadu_ps(a1);
-                    for (int k = 0; k < T; k++) {
-                        __m256 wk = _mm256_broadcast_ss(w + (size_t)r * ld + t0 + k);
-                        s0 = _mm256_fmadd_ps(wk, v0[k], s0);
-                        s1 = _mm256_fmadd_ps(wk, v1[k], s1);
-                    }
-                    _mm256_storeu_ps(a0, s0);
-                    _mm256_storeu_ps(a1, s1);
-                }
-            }
-        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *p = acc + (size_t)r * d + 16 * j;
+        _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), a[2 * r]));
+        _mm256_storeu_ps(p + 8, _mm256_add_ps(_mm256_loadu_ps(p + 8), a[2 * r + 1]));
     }
 }
 
+/* R rows (4 or 1) of acc (d apart, in the kernels' coordinate order): per
+ * lane group and pass of VTOKENS tokens, the tree down to level 2 once per
+ * token (parents), then the leaves level-1 node by node with the node's
+ * sums in registers (accum_node), so the accumulators are not loaded and
+ * stored for every token. */
 static ALWAYS_INLINE void accum_rows(const trig8 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
-                                     const float *w, int ld, const int R, float *accT) {
-    int t = 0;
-    for (; t + 2 <= n; t += 2) accum_tokens(tr, rad, codes, cb, d / 16, w, ld, t, 2, R, accT);
-    if (t < n) accum_tokens(tr, rad, codes, cb, d / 16, w, ld, t, 1, R, accT);
+                                     const float *w, int ld, const int R, float *acc) {
+    int nb = d / 16;
+    __m256 par[8 * VTOKENS];
+    __m256i l1[VTOKENS];
+    for (int g = 0; g < nb / 8; g++)
+        for (int t0 = 0; t0 < n; t0 += VTOKENS) {
+            int cnt = n - t0 < VTOKENS ? n - t0 : VTOKENS;
+            parents(tr, rad + (size_t)t0 * nb, codes + (size_t)t0 * cb, cb, nb, g, cnt, par, l1);
+            for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, cnt, w + t0, ld, R, acc + (size_t)g * 128, d);
+        }
 }
 
-/* acc rows (d apart) += the transposed sums of accum_rows. */
-static void transpose_out(const float *accT, int d, int R, float *acc) {
-    for (int g = 0; g < d / 128; g++)
-        for (int i = 0; i < 16; i++)
-            for (int r = 0; r < R; r++)
-                for (int k = 0; k < 8; k++) acc[(size_t)r * d + 16 * (8 * g + k) + i] += *accT++;
-}
-
-void vq_polar_accum_avx2(const float tables[8][8], const uint16_t *rad, const uint8_t *codes, size_t cb, int d, int n,
-                         const float *w, int ld, int rows, float *acc, float *scratch) {
-    trig8 tr = load_trig(tables);
+void vq_polar_accum_avx2(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
+                         size_t cb, int d, int n, const float *w, int ld, int rows, float *acc) {
+    trig8 tr = load_trig(cs, sn);
     int r = 0;
-    for (; r + 4 <= rows; r += 4) {
-        memset(scratch, 0, sizeof(float) * 4 * (size_t)d);
-        accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, scratch);
-        transpose_out(scratch, d, 4, acc + (size_t)r * d);
-    }
-    for (; r < rows; r++) {
-        memset(scratch, 0, sizeof(float) * (size_t)d);
-        accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, scratch);
-        transpose_out(scratch, d, 1, acc + (size_t)r * d);
-    }
+    for (; r + 4 <= rows; r += 4) accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d);
+    for (; r < rows; r++) accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d);
 }
