@@ -71,8 +71,8 @@ typedef struct {
     /* Keys whose method prepares queries (rotation, projection, tables):
      * split mode prepares the rows of every head once per call,
      * [H][rows_total][prep_w]; row mode prepares each task's rows in its
-     * thread memory, so the prepared rows (QJL's tables: 4.5 KB a row) never
-     * grow with the number of query tokens. */
+     * thread memory, so the prepared rows (QJL's byte tables: 33 KB a row
+     * at m = 256) never grow with the number of query tokens. */
     float *prep;
     int prep_w;
     /* Values whose method accumulates in its own domain (finish_rows): the
