@@ -143,6 +143,8 @@ extern const vq_method vq_method_polar;
 const vq_method *vq_method_find(const char *name);
 /* Comma-separated list of method names, for error messages. */
 const char *vq_method_names(void);
+/* token_group of the per-token methods: every token is encoded alone. */
+int vq_token_group_one(const vq_mparams *p);
 
 /* Parameters of an eviction policy (the parsed "+POLICY:key=value,...");
  * see src/evict/evict.h. */

@@ -30,11 +30,6 @@ static void fp16_describe(const vq_mparams *p, char *buf, size_t size) {
     snprintf(buf, size, "fp16");
 }
 
-static int fp16_token_group(const vq_mparams *p) {
-    (void)p;
-    return 1;
-}
-
 static size_t fp16_block_bytes(const vq_mparams *p, int block_tokens) {
     return (size_t)block_tokens * (size_t)p->head_dim * 2;
 }
@@ -129,7 +124,7 @@ const vq_method vq_method_fp16 = {
     .set_option = fp16_set_option,
     .finish = fp16_finish,
     .describe = fp16_describe,
-    .token_group = fp16_token_group,
+    .token_group = vq_token_group_one,
     .block_bytes = fp16_block_bytes,
     .token_layout = fp16_layout,
     .bits_per_elem = fp16_bits,

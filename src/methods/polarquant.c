@@ -111,11 +111,6 @@ static void polar_describe(const vq_mparams *p, char *buf, size_t size) {
     snprintf(buf, size, "%s:bits=%s,seed=%llu,residual=%d", NAME, bits, (unsigned long long)p->seed, p->residual);
 }
 
-static int polar_token_group(const vq_mparams *p) {
-    (void)p;
-    return 1;
-}
-
 /* Angle bits of one coordinate block. */
 static int block_bits(const vq_mparams *p) {
     int bits = 0, B = 1 << p->levels;
@@ -368,7 +363,7 @@ const vq_method vq_method_polar = {
     .set_option = polar_set_option,
     .finish = polar_finish,
     .describe = polar_describe,
-    .token_group = polar_token_group,
+    .token_group = vq_token_group_one,
     .block_bytes = polar_block_bytes,
     .token_layout = polar_layout,
     .bits_per_elem = polar_bits,

@@ -62,11 +62,6 @@ static void qjl_describe(const vq_mparams *p, char *buf, size_t size) {
              (unsigned long long)p->seed, p->residual);
 }
 
-static int qjl_token_group(const vq_mparams *p) {
-    (void)p;
-    return 1;
-}
-
 static size_t sign_bytes(const vq_mparams *p) { return (size_t)p->sketch / 8; }
 
 static int qjl_layout(const vq_mparams *p, size_t *row_bytes) {
@@ -176,7 +171,7 @@ const vq_method vq_method_qjl = {
     .set_option = qjl_set_option,
     .finish = qjl_finish,
     .describe = qjl_describe,
-    .token_group = qjl_token_group,
+    .token_group = vq_token_group_one,
     .block_bytes = qjl_block_bytes,
     .token_layout = qjl_layout,
     .bits_per_elem = qjl_bits,

@@ -333,3 +333,15 @@ double vq_norm(const float *x, int d) {
     for (int i = 0; i < d; i++) s += (double)x[i] * x[i];
     return sqrt(s);
 }
+
+size_t vq_rotated_prep_floats(const vq_mparams *p) { return (size_t)p->head_dim; }
+
+void vq_rotated_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
+    int d = p->head_dim;
+    for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, prep + (size_t)r * d);
+}
+
+void vq_rotated_finish_rows(const vq_mparams *p, float *acc, int rows) {
+    int d = p->head_dim;
+    for (int r = 0; r < rows; r++) vq_rotate_inverse(p->rot, acc + (size_t)r * d, acc + (size_t)r * d);
+}

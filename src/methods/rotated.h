@@ -1,6 +1,7 @@
 /* Helpers shared by the rotation-and-codebook methods (turboquant_mse.c,
  * turboquant_prod.c, rvq.c, qjl.c, polarquant.c): option parsing with the
- * messages every method gives, and the kernels that read codes directly.
+ * messages every method gives, the kernels that read codes directly, and
+ * the query and output rotations of tq-mse and rvq.
  *
  * A "table" is the per-coordinate scalar codebook of a method (<= 16
  * levels); codes are packed with vq_pack_codes (pack.h). Sign sketches are
@@ -100,5 +101,12 @@ void vq_project_transpose_add(const float *s, int m, int d, const float *y, floa
 
 /* The Euclidean norm of x[0..d) in double. */
 double vq_norm(const float *x, int d);
+
+/* Method-table entries of the methods whose attention works in the rotated
+ * domain of p->rot with d floats a prepared row (tq-mse, rvq): the query
+ * rows are rotated once per call, the value sums rotated back once. */
+size_t vq_rotated_prep_floats(const vq_mparams *p);
+void vq_rotated_prep_query(const vq_mparams *p, const float *q, int rows, float *prep);
+void vq_rotated_finish_rows(const vq_mparams *p, float *acc, int rows);
 
 #endif

@@ -52,11 +52,6 @@ static void rvq_describe(const vq_mparams *p, char *buf, size_t size) {
              p->residual);
 }
 
-static int rvq_token_group(const vq_mparams *p) {
-    (void)p;
-    return 1;
-}
-
 static size_t code_bytes(const vq_mparams *p) { return vq_packed_bytes(2 * p->bits, p->head_dim); }
 static int rvq_layout(const vq_mparams *p, size_t *row_bytes) {
     row_bytes[0] = code_bytes(p);
@@ -115,18 +110,6 @@ static void rvq_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, 
     }
 }
 
-static size_t rvq_prep_floats(const vq_mparams *p) { return (size_t)p->head_dim; }
-
-static void rvq_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
-    int d = p->head_dim;
-    for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, prep + (size_t)r * d);
-}
-
-static void rvq_finish_rows(const vq_mparams *p, float *acc, int rows) {
-    int d = p->head_dim;
-    for (int r = 0; r < rows; r++) vq_rotate_inverse(p->rot, acc + (size_t)r * d, acc + (size_t)r * d);
-}
-
 static size_t rvq_scratch(const vq_mparams *p, int rows) { return vq_codes_scratch(p->head_dim, rows); }
 
 static void rvq_score(const vq_mparams *p, const float *q, int rows, const uint8_t *blk, int bt, int t0, int n,
@@ -154,15 +137,15 @@ const vq_method vq_method_rvq = {
     .set_option = rvq_set_option,
     .finish = rvq_finish,
     .describe = rvq_describe,
-    .token_group = rvq_token_group,
+    .token_group = vq_token_group_one,
     .block_bytes = rvq_block_bytes,
     .token_layout = rvq_layout,
     .bits_per_elem = rvq_bits,
     .encode = rvq_encode,
     .decode = rvq_decode,
-    .prep_floats = rvq_prep_floats,
-    .prep_query = rvq_prep_query,
-    .finish_rows = rvq_finish_rows,
+    .prep_floats = vq_rotated_prep_floats,
+    .prep_query = vq_rotated_prep_query,
+    .finish_rows = vq_rotated_finish_rows,
     .scratch_floats = rvq_scratch,
     .score = rvq_score,
     .accum = rvq_accum,

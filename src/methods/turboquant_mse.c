@@ -72,11 +72,6 @@ static void mse_describe(const vq_mparams *p, char *buf, size_t size) {
              p->residual);
 }
 
-static int mse_token_group(const vq_mparams *p) {
-    (void)p;
-    return 1;
-}
-
 /* Bytes of one token's codes: the hi part then the lo part. */
 static size_t hi_bytes(const vq_mparams *p) { return vq_packed_bytes(p->bits + 1, p->hi_channels); }
 static size_t code_bytes(const vq_mparams *p) {
@@ -139,18 +134,6 @@ static void mse_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, 
     }
 }
 
-static size_t mse_prep_floats(const vq_mparams *p) { return (size_t)p->head_dim; }
-
-static void mse_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
-    int d = p->head_dim;
-    for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, prep + (size_t)r * d);
-}
-
-static void mse_finish_rows(const vq_mparams *p, float *acc, int rows) {
-    int d = p->head_dim;
-    for (int r = 0; r < rows; r++) vq_rotate_inverse(p->rot, acc + (size_t)r * d, acc + (size_t)r * d);
-}
-
 /* The runs of one token's codes: the hi part (fractional rates), then the
  * lo part; returns their count. */
 static int code_parts(const vq_mparams *p, vq_code_part parts[2]) {
@@ -185,15 +168,15 @@ const vq_method vq_method_tq_mse = {
     .set_option = mse_set_option,
     .finish = mse_finish,
     .describe = mse_describe,
-    .token_group = mse_token_group,
+    .token_group = vq_token_group_one,
     .block_bytes = mse_block_bytes,
     .token_layout = mse_layout,
     .bits_per_elem = mse_bits,
     .encode = mse_encode,
     .decode = mse_decode,
-    .prep_floats = mse_prep_floats,
-    .prep_query = mse_prep_query,
-    .finish_rows = mse_finish_rows,
+    .prep_floats = vq_rotated_prep_floats,
+    .prep_query = vq_rotated_prep_query,
+    .finish_rows = vq_rotated_finish_rows,
     .scratch_floats = mse_scratch,
     .score = mse_score,
     .accum = mse_accum,

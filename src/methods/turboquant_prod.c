@@ -56,11 +56,6 @@ static void prod_describe(const vq_mparams *p, char *buf, size_t size) {
              p->residual);
 }
 
-static int prod_token_group(const vq_mparams *p) {
-    (void)p;
-    return 1;
-}
-
 static size_t mse_bytes(const vq_mparams *p) { return vq_packed_bytes(p->bits - 1, p->head_dim); }
 static size_t token_bytes(const vq_mparams *p) { return mse_bytes(p) + (size_t)p->head_dim / 8; }
 
@@ -219,7 +214,7 @@ const vq_method vq_method_tq_prod = {
     .set_option = prod_set_option,
     .finish = prod_finish,
     .describe = prod_describe,
-    .token_group = prod_token_group,
+    .token_group = vq_token_group_one,
     .block_bytes = prod_block_bytes,
     .token_layout = prod_layout,
     .bits_per_elem = prod_bits,
