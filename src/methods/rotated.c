@@ -155,19 +155,20 @@ void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes,
     }
 }
 
-/* The 16 sums +-x_0 +-x_1 +-x_2 +-x_3 of w rows (x rows xs apart) into
- * e[b * w + r]: entry b starts from the one without b's lowest set bit, so
- * each costs one add. */
-static void nibble_sums(const float *x, size_t xs, int w, float *e) {
+/* The 16 sums sum_i x_i (bit i of b ? lo + step : lo), i = 0..3, of w rows
+ * (x_i at x[r * xs + i * cs]) into e[b * w + r]: entry b starts from the
+ * one without b's lowest set bit, so each costs one multiply-add. Signs
+ * take lo = -1, step = 2 (sums of +-x_i); 1-bit codes their two levels. */
+static void nibble_sums(const float *x, size_t xs, size_t cs, float lo, float step, int w, float *e) {
     for (int r = 0; r < w; r++) {
         const float *xr = x + (size_t)r * xs;
-        e[r] = -(xr[0] + xr[1]) - (xr[2] + xr[3]);
+        e[r] = (xr[0] + xr[cs]) * lo + (xr[2 * cs] + xr[3 * cs]) * lo;
     }
     for (int b = 1; b < 16; b++) {
         int i = 0;
         while (!((b >> i) & 1)) i++;
         const float *from = e + (b & (b - 1)) * w;
-        for (int r = 0; r < w; r++) e[b * w + r] = from[r] + 2 * x[(size_t)r * xs + i];
+        for (int r = 0; r < w; r++) e[b * w + r] = from[r] + x[(size_t)r * xs + (size_t)i * cs] * step;
     }
 }
 
@@ -192,8 +193,8 @@ static void expand_bytes(const float *lo, const float *hi, int w, float *e) {
 static void table_group(const float *v, size_t vs, int k0, int nk, int w, float *tab) {
     float lo[16 * 4], hi[16 * 4];
     for (int k = 0; k < nk; k++) {
-        nibble_sums(v + 8 * k, vs, w, lo);
-        nibble_sums(v + 8 * k + 4, vs, w, hi);
+        nibble_sums(v + 8 * k, vs, 1, -1.0f, 2.0f, w, lo);
+        nibble_sums(v + 8 * k + 4, vs, 1, -1.0f, 2.0f, w, hi);
         expand_bytes(lo, hi, w, tab + (size_t)(k0 + k) * 256 * w);
     }
 }
@@ -225,32 +226,18 @@ void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_strid
 }
 
 /* Code byte k holds channels k + j d/8, j = 0..7 (pack.h). Its nibbles'
- * sums sum_j x_j levels[bit j] of w rows go to lo and hi ([16][w]; entry
- * b from the one without b's lowest set bit, one multiply-add each), then
+ * sums sum_j x_j levels[bit j] of w rows go to lo and hi ([16][w]), then
  * entry b = lo[b & 15] + hi[b >> 4]. */
 void vq_codes_table(int d, const float *levels, const float *x, size_t x_stride, int rows, float *tab) {
-    int stride = d / 8;
-    float half[2][16 * 4];
+    size_t stride = (size_t)d / 8;
+    float lo[16 * 4], hi[16 * 4];
     for (int r0 = 0; r0 < rows;) {
         int w = rows - r0 >= 4 ? 4 : 1;
-        for (int k = 0; k < stride; k++) {
-            for (int h = 0; h < 2; h++) {
-                float *e = half[h];
-                for (int r = 0; r < w; r++) {
-                    const float *xr = x + (size_t)(r0 + r) * x_stride + k + (size_t)4 * h * stride;
-                    e[r] = (xr[0] + xr[stride]) * levels[0] + (xr[2 * stride] + xr[3 * stride]) * levels[0];
-                }
-                for (int b = 1; b < 16; b++) {
-                    int i = 0;
-                    while (!((b >> i) & 1)) i++;
-                    const float *from = e + (b & (b - 1)) * w;
-                    for (int r = 0; r < w; r++) {
-                        float xi = x[(size_t)(r0 + r) * x_stride + k + (size_t)(4 * h + i) * stride];
-                        e[b * w + r] = from[r] + xi * (levels[1] - levels[0]);
-                    }
-                }
-            }
-            expand_bytes(half[0], half[1], w, tab + (size_t)r0 * 256 * stride + (size_t)k * 256 * w);
+        for (size_t k = 0; k < stride; k++) {
+            const float *xk = x + (size_t)r0 * x_stride + k;
+            nibble_sums(xk, x_stride, stride, levels[0], levels[1] - levels[0], w, lo);
+            nibble_sums(xk + 4 * stride, x_stride, stride, levels[0], levels[1] - levels[0], w, hi);
+            expand_bytes(lo, hi, w, tab + (size_t)r0 * 256 * stride + k * 256 * (size_t)w);
         }
         r0 += w;
     }
