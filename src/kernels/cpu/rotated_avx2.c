@@ -4,17 +4,24 @@
  * called after the CPU was checked.
  *
  * A code becomes its level in registers: the lanes hold the code bytes
- * zero-extended, shifted so the code sits in the low bits, and a permute
- * picks the level: vpermilps by the low 2 bits for 1- and 2-bit tables
- * (replicated to 4 entries in each 128-bit lane, so the bits above the code
- * need no mask; it runs at about twice the rate of vpermps on Zen 3),
- * vpermps by the low 3 bits for 8 entries. 4 bits: two lookups (low
- * and high 8 levels) and a blend on bit 3; when the levels are antisymmetric
- * (T[15 - c] = -T[c], the usual case) one lookup in the lower half and a
- * sign flip instead (folded_levels), which leaves the shuffle and FMA ports
- * more room. 3 bits: the low 2 bits from the
- * 2-bit planes index two replicated 4-entry tables, the high bit (1-bit
- * planes) is shifted to the sign and picks one with a blend.
+ * extended to 32 bits, shifted so the code sits in the low bits, and a
+ * permute picks the level: vpermilps by the low 2 bits for 1- and 2-bit
+ * tables (replicated to 4 entries in each 128-bit lane, so the bits above
+ * the code need no mask), vpermps by the low 3 bits for 8 entries. 4 bits:
+ * two lookups (low and high 8 levels) and a blend on bit 3; when the levels
+ * are antisymmetric (T[15 - c] = -T[c], the usual case) one lookup in the
+ * lower half and a sign flip instead (folded_levels); when they are the sums
+ * of two 4-entry tables (rvq's two stages) two vpermilps and an add
+ * (halves_levels). 3 bits: the low 2 bits from the 2-bit planes index two
+ * replicated 4-entry tables, the high bit (1-bit planes) is shifted to the
+ * sign and picks one with a blend.
+ *
+ * What limits these kernels on Zen 3 is the two pipes that run the FMAs:
+ * vpermps, vpermilps, blends and extending a register (vpmovsxbd) take
+ * turns there, while adds, logic ops and loads do not (measured next to a
+ * stream of FMAs: vpermps costs about as much as two FMAs, vpermilps and
+ * blendv one, a shift half of one, a vpmovsxbd from memory almost nothing).
+ * The lookups are chosen by that cost.
  *
  * Keys: 2 tokens and up to 4 rows per step, so each level vector feeds every
  * row and each q load two tokens; the 8 (row, token) sums are reduced with
@@ -22,8 +29,7 @@
  * afterwards, 8 tokens at a time.
  * Values: the norm is folded into the weights once per token; channels go
  * outer (accumulators for up to 4 rows x 16 channels stay in registers over
- * a run of tokens), tokens inner; folded 4-bit parts fold two tokens' bytes
- * at once. */
+ * a run of tokens), tokens inner. */
 #include "methods/rotated.h"
 
 #include <immintrin.h>
@@ -46,16 +52,23 @@ static bool part_covered(const vq_code_part *p) {
     return (p->n * p->bits / 8) % 8 == 0;
 }
 
-/* Whether the part's levels are antisymmetric, bit for bit: table[15 - c]
- * == -table[c] (Lloyd-Max codebooks of symmetric densities, and rvq's sums
- * of two such). Only 4-bit parts use it (see folded_levels). */
-static bool part_folded(const vq_code_part *p) {
-    if (p->bits != 4) return false;
+/* How a part's levels are looked up. FOLDED: 4-bit levels that are
+ * antisymmetric, bit for bit: table[15 - c] == -table[c] (Lloyd-Max
+ * codebooks of symmetric densities; see folded_levels). HALVES: 4-bit
+ * levels that are sums of two 4-entry tables, table[4 a + b] == hi[a] +
+ * lo[b] in float (rvq's two stages, vq_code_part.halves): two vpermilps
+ * and an add, which measured cheaper than one vpermps and the fold.
+ * PLAIN: everything else. */
+enum { PLAIN, FOLDED, HALVES };
+
+static int part_kind(const vq_code_part *p) {
+    if (p->bits != 4) return PLAIN;
+    if (p->halves) return HALVES;
     for (int c = 0; c < 8; c++) {
         float neg = -p->table[c];
-        if (memcmp(&neg, &p->table[15 - c], sizeof neg) != 0) return false;
+        if (memcmp(&neg, &p->table[15 - c], sizeof neg) != 0) return PLAIN;
     }
-    return true;
+    return FOLDED;
 }
 
 /* The two lookup tables of a part (see the top of the file). A folded
@@ -63,8 +76,12 @@ static bool part_folded(const vq_code_part *p) {
  * for slot 0 the same levels with bits 28..30 of entry i xored with i, so
  * that xoring in the lane shifted left by 28 (index bits at 28..30, the
  * code's bit 3 at 31) restores them and flips the sign in one operation. */
-static void part_tables(const vq_code_part *p, bool folded, float t[16]) {
-    if (folded) {
+static void part_tables(const vq_code_part *p, int kind, float t[16]) {
+    if (kind == HALVES) {
+        for (int i = 0; i < 8; i++) t[i] = p->halves[4 + (i & 3)], t[8 + i] = p->halves[i & 3];
+        return;
+    }
+    if (kind == FOLDED) {
         for (int i = 0; i < 8; i++) {
             uint32_t u;
             memcpy(&u, &p->table[i], sizeof u);
@@ -113,26 +130,16 @@ static ALWAYS_INLINE __m256 levels(__m256i x, const int B, int j, __m256 ta, __m
 /* The 4-bit plane bytes of 8 channels for a folded part (part_folded),
  * one per lane, sign-extended: each code c with bit 3 set becomes c ^ 7
  * first, so its low 3 bits index the lower half T[0..7] at 15 - c and bit 3
- * says to negate (T[c] = -T[15 - c]). Per byte, m = h - (h >> 3) with h =
- * b & 0x88 is 7 in each nibble whose bit 3 is set (the 16-bit shift moves
- * no set bit across a byte). */
-static ALWAYS_INLINE __m128i fold_bytes(__m128i b) {
-    __m128i h = _mm_and_si128(b, _mm_set1_epi8((char)0x88));
-    __m128i m = _mm_sub_epi8(h, _mm_srli_epi16(h, 3));
-    return _mm_xor_si128(b, m);
-}
-
+ * says to negate (T[c] = -T[15 - c]). Per lane, m = h - (h >> 3) with h =
+ * x & 0x88 is 7 in each nibble whose bit 3 is set. The fold runs on the
+ * 32-bit lanes after the extension, not on the bytes before it: the
+ * extension then takes its bytes straight from memory, which on Zen 3
+ * costs the FMA pipes almost nothing, while extending a register costs
+ * about as much as 1.6 FMAs (measured next to a stream of FMAs). */
 static ALWAYS_INLINE __m256i load_folded(const uint8_t *p) {
-    return _mm256_cvtepi8_epi32(fold_bytes(_mm_loadl_epi64((const __m128i *)p)));
-}
-
-/* load_folded of two tokens' bytes p0 and p1, folded in one register. */
-static ALWAYS_INLINE void load_folded2(const uint8_t *p0, const uint8_t *p1, __m256i *x0, __m256i *x1) {
-    __m128i b = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)p0)),
-                                              (const double *)p1));
-    __m128i y = fold_bytes(b);
-    *x0 = _mm256_cvtepi8_epi32(y);
-    *x1 = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(y, y));
+    __m256i x = load_plane(p, 4);
+    __m256i h = _mm256_and_si256(x, _mm256_set1_epi32(0x88));
+    return _mm256_xor_si256(x, _mm256_sub_epi32(h, _mm256_srli_epi32(h, 3)));
 }
 
 /* Levels of slot j of folded plane bytes x (load_folded): one lookup and a
@@ -146,6 +153,21 @@ static ALWAYS_INLINE __m256 folded_levels(__m256i x, int j, __m256 tw0, __m256 t
     }
     __m256 a = _mm256_permutevar8x32_ps(tw1, _mm256_srli_epi32(x, 4));
     return _mm256_xor_ps(a, _mm256_and_ps(_mm256_castsi256_ps(x), _mm256_set1_ps(-0.0f)));
+}
+
+/* Levels of slot j of a 4-bit HALVES part: lo[bits 0..1] + hi[bits 2..3]
+ * of the slot's code (ta: lo, tb: hi, each replicated; vpermilps reads the
+ * low 2 bits of each lane). */
+static ALWAYS_INLINE __m256 halves_levels(__m256i x, int j, __m256 ta, __m256 tb) {
+    __m256 lo = _mm256_permutevar_ps(ta, j ? _mm256_srli_epi32(x, 4) : x);
+    return _mm256_add_ps(lo, _mm256_permutevar_ps(tb, _mm256_srli_epi32(x, 4 * j + 2)));
+}
+
+/* Levels of slot j of plane bytes x for a part of B bits and kind F. */
+static ALWAYS_INLINE __m256 part_levels(__m256i x, const int B, const int F, int j, __m256 ta, __m256 tb) {
+    if (F == FOLDED) return folded_levels(x, j, ta, tb);
+    if (F == HALVES) return halves_levels(x, j, ta, tb);
+    return levels(x, B, j, ta, tb);
 }
 
 /* Levels of 3-bit codes: slot j of the 2-bit plane bytes x, high bit hb of
@@ -165,7 +187,7 @@ static ALWAYS_INLINE int acc_index(const int R, int r, int t, int g) { return R 
 /* Adds q_r . levels of one part for tokens c0 and c1 (their codes) into
  * acc; qs is the part's q in reading order (prep_part). F: a folded 4-bit
  * part (part_folded). */
-static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, const int B, const bool F, const int R,
+static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, const int B, const int F, const int R,
                                      const float *qs, const uint8_t *c0, const uint8_t *c1, __m256 *acc) {
     __m256 ta = _mm256_loadu_ps(tab), tb = _mm256_loadu_ps(tab + 8);
     c0 += p->off;
@@ -195,15 +217,15 @@ static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, co
     int stride = p->n * B / 8;
     for (int u = 0; u < stride; u += 8) {
         __m256i x0, x1;
-        if (F) {
-            load_folded2(c0 + u, c1 + u, &x0, &x1);
+        if (F == FOLDED) {
+            x0 = load_folded(c0 + u);
+            x1 = load_folded(c1 + u);
         } else {
             x0 = load_plane(c0 + u, B);
             x1 = load_plane(c1 + u, B);
         }
         for (int j = 0; j < 8 / B; j++) {
-            __m256 v0 = F ? folded_levels(x0, j, ta, tb) : levels(x0, B, j, ta, tb);
-            __m256 v1 = F ? folded_levels(x1, j, ta, tb) : levels(x1, B, j, ta, tb);
+            __m256 v0 = part_levels(x0, B, F, j, ta, tb), v1 = part_levels(x1, B, F, j, ta, tb);
             for (int r = 0; r < R; r++, qs += 8) {
                 __m256 qv = _mm256_loadu_ps(qs);
                 acc[acc_index(R, r, 0, j)] = _mm256_fmadd_ps(qv, v0, acc[acc_index(R, r, 0, j)]);
@@ -243,7 +265,7 @@ static void scale_by_norms(const uint16_t *norms, int n, int R, float *logits, i
 
 /* Scores tokens [0, n) for R rows (1, 2 or 4, a constant in each caller so
  * the accumulators stay in registers). */
-static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, const float *tabs, const bool *folded,
+static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
                                      const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
                                      int d, const int R, float *logits, int ld, float *qs) {
     for (int k = 0, ch = 0; k < nparts; ch += parts[k].n, k++) prep_part(&parts[k], R, q + ch, d, qs + R * ch);
@@ -258,12 +280,13 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
             const vq_code_part *p = &parts[k];
             const float *qk = qs + R * ch, *tab = tabs + 16 * k;
             switch (p->bits) {
-            case 1: score_part(p, tab, 1, false, R, qk, c0, c1, acc); break;
-            case 2: score_part(p, tab, 2, false, R, qk, c0, c1, acc); break;
-            case 3: score_part(p, tab, 3, false, R, qk, c0, c1, acc); break;
+            case 1: score_part(p, tab, 1, PLAIN, R, qk, c0, c1, acc); break;
+            case 2: score_part(p, tab, 2, PLAIN, R, qk, c0, c1, acc); break;
+            case 3: score_part(p, tab, 3, PLAIN, R, qk, c0, c1, acc); break;
             default:
-                if (folded[k]) score_part(p, tab, 4, true, R, qk, c0, c1, acc);
-                else score_part(p, tab, 4, false, R, qk, c0, c1, acc);
+                if (kind[k] == FOLDED) score_part(p, tab, 4, FOLDED, R, qk, c0, c1, acc);
+                else if (kind[k] == HALVES) score_part(p, tab, 4, HALVES, R, qk, c0, c1, acc);
+                else score_part(p, tab, 4, PLAIN, R, qk, c0, c1, acc);
                 break;
             }
             ch += p->n;
@@ -300,22 +323,22 @@ bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *c
                          const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
                          float *scratch) {
     float tabs[2 * 16];
-    bool folded[2];
+    int kind[2];
     if (nparts > 2) return false;
     for (int k = 0; k < nparts; k++) {
         if (!part_covered(&parts[k])) return false;
-        folded[k] = part_folded(&parts[k]);
-        part_tables(&parts[k], folded[k], tabs + 16 * k);
+        kind[k] = part_kind(&parts[k]);
+        part_tables(&parts[k], kind[k], tabs + 16 * k);
     }
     int r = 0;
     for (; r + 4 <= rows; r += 4)
-        score_rows(parts, nparts, tabs, folded, codes, cb, norms, n, q + (size_t)r * d, d, 4, logits + (size_t)r * ld,
+        score_rows(parts, nparts, tabs, kind, codes, cb, norms, n, q + (size_t)r * d, d, 4, logits + (size_t)r * ld,
                    ld, scratch);
     for (; r + 2 <= rows; r += 2)
-        score_rows(parts, nparts, tabs, folded, codes, cb, norms, n, q + (size_t)r * d, d, 2, logits + (size_t)r * ld,
+        score_rows(parts, nparts, tabs, kind, codes, cb, norms, n, q + (size_t)r * d, d, 2, logits + (size_t)r * ld,
                    ld, scratch);
     for (; r < rows; r++)
-        score_rows(parts, nparts, tabs, folded, codes, cb, norms, n, q + (size_t)r * d, d, 1, logits + (size_t)r * ld,
+        score_rows(parts, nparts, tabs, kind, codes, cb, norms, n, q + (size_t)r * d, d, 1, logits + (size_t)r * ld,
                    ld, scratch);
     return true;
 }
@@ -334,7 +357,7 @@ static ALWAYS_INLINE void weigh(const int R, const int G, const float *wn, const
  * a byte): the R x G accumulators stay in registers over the tokens. acc
  * points at the part's first channel of row 0, rows d apart; wn rows are
  * TOKENS apart. F: a folded 4-bit part (part_folded). */
-static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, const int B, const bool F, const int R,
+static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, const int B, const int F, const int R,
                                      const float *wn, const uint8_t *codes, size_t cb, int n, float *acc, int d) {
     __m256 ta = _mm256_loadu_ps(tab), tb = _mm256_loadu_ps(tab + 8);
     const int slots = B == 3 ? 4 : 8 / B, G = 8 / R < slots ? 8 / R : slots;
@@ -345,28 +368,15 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
             __m256 a[8];
             for (int r = 0; r < R; r++)
                 for (int g = 0; g < G; g++) a[r * G + g] = _mm256_loadu_ps(acc + (size_t)r * d + (j0 + g) * stride + u);
-            int t = 0;
-            if (F) /* two tokens' bytes folded in one register, as in score_part */
-                for (; t + 2 <= n; t += 2) {
-                    __m256i x0, x1;
-                    load_folded2(c + (size_t)t * cb + u, c + (size_t)(t + 1) * cb + u, &x0, &x1);
-                    __m256 v[8];
-                    for (int g = 0; g < G; g++) v[g] = folded_levels(x0, j0 + g, ta, tb);
-                    weigh(R, G, wn + t, v, a);
-                    for (int g = 0; g < G; g++) v[g] = folded_levels(x1, j0 + g, ta, tb);
-                    weigh(R, G, wn + t + 1, v, a);
-                }
-            for (; t < n; t++) {
+            for (int t = 0; t < n; t++) {
                 const uint8_t *ct = c + (size_t)t * cb;
-                __m256i x = F ? load_folded(ct + u) : load_plane(ct + u, B);
+                __m256i x = F == FOLDED ? load_folded(ct + u) : load_plane(ct + u, B);
                 __m256 v[8];
                 if (B == 3) {
                     __m256i h = load_u8x8(ct + stride + u % s1);
                     for (int g = 0; g < G; g++) v[g] = levels3(x, h, j0 + g, 2 * (j0 + g) + u / s1, ta, tb);
-                } else if (F) {
-                    for (int g = 0; g < G; g++) v[g] = folded_levels(x, j0 + g, ta, tb);
                 } else {
-                    for (int g = 0; g < G; g++) v[g] = levels(x, B, j0 + g, ta, tb);
+                    for (int g = 0; g < G; g++) v[g] = part_levels(x, B, F, j0 + g, ta, tb);
                 }
                 weigh(R, G, wn + t, v, a);
             }
@@ -375,7 +385,7 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
         }
 }
 
-static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, const float *tabs, const bool *folded,
+static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
                                      const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w,
                                      int ld, const int R, float *acc, int d) {
     float wn[4 * TOKENS];
@@ -391,12 +401,13 @@ static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, cons
             const vq_code_part *p = &parts[k];
             const float *tab = tabs + 16 * k;
             switch (p->bits) {
-            case 1: accum_part(p, tab, 1, false, R, wn, ct, cb, m, acc + ch, d); break;
-            case 2: accum_part(p, tab, 2, false, R, wn, ct, cb, m, acc + ch, d); break;
-            case 3: accum_part(p, tab, 3, false, R, wn, ct, cb, m, acc + ch, d); break;
+            case 1: accum_part(p, tab, 1, PLAIN, R, wn, ct, cb, m, acc + ch, d); break;
+            case 2: accum_part(p, tab, 2, PLAIN, R, wn, ct, cb, m, acc + ch, d); break;
+            case 3: accum_part(p, tab, 3, PLAIN, R, wn, ct, cb, m, acc + ch, d); break;
             default:
-                if (folded[k]) accum_part(p, tab, 4, true, R, wn, ct, cb, m, acc + ch, d);
-                else accum_part(p, tab, 4, false, R, wn, ct, cb, m, acc + ch, d);
+                if (kind[k] == FOLDED) accum_part(p, tab, 4, FOLDED, R, wn, ct, cb, m, acc + ch, d);
+                else if (kind[k] == HALVES) accum_part(p, tab, 4, HALVES, R, wn, ct, cb, m, acc + ch, d);
+                else accum_part(p, tab, 4, PLAIN, R, wn, ct, cb, m, acc + ch, d);
                 break;
             }
             ch += p->n;
@@ -407,19 +418,19 @@ static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, cons
 bool vq_codes_accum_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
                          const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
     float tabs[2 * 16];
-    bool folded[2];
+    int kind[2];
     if (nparts > 2) return false;
     for (int k = 0; k < nparts; k++) {
         if (!part_covered(&parts[k])) return false;
-        folded[k] = part_folded(&parts[k]);
-        part_tables(&parts[k], folded[k], tabs + 16 * k);
+        kind[k] = part_kind(&parts[k]);
+        part_tables(&parts[k], kind[k], tabs + 16 * k);
     }
     int r = 0;
     for (; r + 4 <= rows; r += 4)
-        accum_rows(parts, nparts, tabs, folded, codes, cb, norms, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d, d);
+        accum_rows(parts, nparts, tabs, kind, codes, cb, norms, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d, d);
     for (; r + 2 <= rows; r += 2)
-        accum_rows(parts, nparts, tabs, folded, codes, cb, norms, n, w + (size_t)r * ld, ld, 2, acc + (size_t)r * d, d);
+        accum_rows(parts, nparts, tabs, kind, codes, cb, norms, n, w + (size_t)r * ld, ld, 2, acc + (size_t)r * d, d);
     for (; r < rows; r++)
-        accum_rows(parts, nparts, tabs, folded, codes, cb, norms, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d, d);
+        accum_rows(parts, nparts, tabs, kind, codes, cb, norms, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d, d);
     return true;
 }
