@@ -441,6 +441,21 @@ static score_fn *score_pick(const vq_code_part *parts, int nparts, const int *ki
     }
 }
 
+/* fn over n tokens whose codes are folded first (prefold), a pass of
+ * FOLD_BYTES at a time; in a function of its own so that the other calls
+ * keep a small stack frame. */
+static NOINLINE void score_prefolded(score_fn *fn, const vq_code_part *parts, const float *tabs, const int *kind,
+                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
+                                     int d, int rows, float *logits, int ld, float *qs) {
+    uint8_t folded[FOLD_BYTES];
+    int step = (int)(FOLD_BYTES / cb);
+    for (int t0 = 0; t0 < n; t0 += step) {
+        int m = n - t0 < step ? n - t0 : step;
+        fold_codes(codes + (size_t)t0 * cb, (size_t)m * cb, folded);
+        fn(parts, 1, tabs, kind, folded, cb, norms + t0, m, q, d, rows, logits + t0, ld, qs);
+    }
+}
+
 bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
                          const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
                          float *scratch) {
@@ -451,19 +466,11 @@ bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *c
         if (!part_covered(&parts[k])) return false;
         kind[k] = part_kind(&parts[k], nparts);
     }
-    uint8_t folded[FOLD_BYTES];
-    int step = prefold(parts, nparts, cb, kind) ? (int)(FOLD_BYTES / cb) : n;
+    bool pre = prefold(parts, nparts, cb, kind);
     for (int k = 0; k < nparts; k++) part_tables(&parts[k], kind[k], tabs + 16 * k);
     score_fn *fn = score_pick(parts, nparts, kind);
-    for (int t0 = 0; t0 < n; t0 += step) {
-        int m = n - t0 < step ? n - t0 : step;
-        const uint8_t *c = codes + (size_t)t0 * cb;
-        if (kind[0] == FOLDED_PRE) {
-            fold_codes(c, (size_t)m * cb, folded);
-            c = folded;
-        }
-        fn(parts, nparts, tabs, kind, c, cb, norms + t0, m, q, d, rows, logits + t0, ld, scratch);
-    }
+    if (pre) score_prefolded(fn, parts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
+    else fn(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
     return true;
 }
 
@@ -612,6 +619,19 @@ static accum_fn *accum_pick(const vq_code_part *parts, int nparts, const int *ki
     }
 }
 
+/* As score_prefolded. */
+static NOINLINE void accum_prefolded(accum_fn *fn, const vq_code_part *parts, const float *tabs, const int *kind,
+                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w,
+                                     int ld, int rows, float *acc, int d) {
+    uint8_t folded[FOLD_BYTES];
+    int step = (int)(FOLD_BYTES / cb);
+    for (int t0 = 0; t0 < n; t0 += step) {
+        int m = n - t0 < step ? n - t0 : step;
+        fold_codes(codes + (size_t)t0 * cb, (size_t)m * cb, folded);
+        fn(parts, 1, tabs, kind, folded, cb, norms + t0, m, w + t0, ld, rows, acc, d);
+    }
+}
+
 bool vq_codes_accum_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
                          const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
     float tabs[2 * 16];
@@ -621,18 +641,10 @@ bool vq_codes_accum_avx2(const vq_code_part *parts, int nparts, const uint8_t *c
         if (!part_covered(&parts[k])) return false;
         kind[k] = part_kind(&parts[k], nparts);
     }
-    uint8_t folded[FOLD_BYTES];
-    int step = prefold(parts, nparts, cb, kind) ? (int)(FOLD_BYTES / cb) : n;
+    bool pre = prefold(parts, nparts, cb, kind);
     for (int k = 0; k < nparts; k++) part_tables(&parts[k], kind[k], tabs + 16 * k);
     accum_fn *fn = accum_pick(parts, nparts, kind);
-    for (int t0 = 0; t0 < n; t0 += step) {
-        int m = n - t0 < step ? n - t0 : step;
-        const uint8_t *c = codes + (size_t)t0 * cb;
-        if (kind[0] == FOLDED_PRE) {
-            fold_codes(c, (size_t)m * cb, folded);
-            c = folded;
-        }
-        fn(parts, nparts, tabs, kind, c, cb, norms + t0, m, w + t0, ld, rows, acc, d);
-    }
+    if (pre) accum_prefolded(fn, parts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d);
+    else fn(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d);
     return true;
 }
