@@ -57,10 +57,11 @@ static bool part_covered(const vq_code_part *p) {
 /* How a part's levels are looked up. FOLDED: 4-bit levels that are
  * antisymmetric, bit for bit: table[15 - c] == -table[c] (Lloyd-Max
  * codebooks of symmetric densities; see folded_levels); FOLDED_PRE: the
- * same with the codes folded before the kernel's loop (fold_codes). HALVES: 4-bit
- * levels that are sums of two 4-entry tables, table[4 a + b] == hi[a] +
- * lo[b] in float (rvq's two stages, vq_code_part.halves): two vpermilps
- * and an add, which measured cheaper than one vpermps and the fold.
+ * same with the codes folded before the kernel's loops (prefold). HALVES:
+ * 4-bit levels that are sums of two 4-entry tables, table[4 a + b] ==
+ * hi[a] + lo[b] in float (rvq's two stages, vq_code_part.halves), for a
+ * single part: two vpermilps and an add, which measured cheaper than one
+ * vpermps and the fold (rvq 2-bit: 56.7 -> 47.9 ns per (token, kv head)).
  * PLAIN: everything else. */
 enum { PLAIN, FOLDED, FOLDED_PRE, HALVES };
 
@@ -145,17 +146,18 @@ static ALWAYS_INLINE __m128i fold_bytes16(__m128i b) {
     return _mm_xor_si128(b, _mm_sub_epi8(h, _mm_srli_epi16(h, 3)));
 }
 
-/* Bytes of folded codes kept per pass on the stack: FOLD_BYTES / cb tokens
- * a pass (16 or more: 4-bit codes of at most 1024 channels are at most 512
- * bytes a token; longer rows take the scalar path). */
+/* Bytes of folded codes kept per pass on the stack (prefold): FOLD_BYTES /
+ * cb tokens a pass, 16 or more (4-bit codes of at most 1024 channels are at
+ * most 512 bytes a token). */
 #define FOLD_BYTES 8192
 
-/* Copies the codes of n tokens (cb bytes each) to dst with the bytes of
- * the FOLDED parts folded. The kernels fold a whole call's codes this way
- * before its token loop instead of 8 bytes at a time inside it: in the loop
- * the fold sat between each code load and its lookups and measured 9-10
- * cycles per token and kernel slower (tq-mse 4-bit, in cache), far more
- * than its few operations; here it is 4 operations per 32 bytes. */
+/* The len bytes of src, folded, into dst. The kernels fold a pass of
+ * tokens this way before their token loops when they can (prefold) rather
+ * than 8 bytes at a time inside them (load_folded): there the fold sits
+ * between each code load and its lookups, and the loops measured 4-5
+ * cycles per token slower each (tq-mse 4-bit, in cache) than on folded
+ * bytes with this pass included. The loads run a few vectors ahead of the
+ * stores: one store after each load measured about twice the time. */
 static void fold_codes(const uint8_t *src, size_t len, uint8_t *dst) {
     size_t i = 0;
     for (; i + 128 <= len; i += 128) {
@@ -192,9 +194,9 @@ static ALWAYS_INLINE __m256i load_folded(const uint8_t *p) {
 
 /* Levels of slot j of folded plane bytes x (load_folded, or load_plane of
  * fold_codes' bytes): one lookup and a sign flip instead of two lookups and
- * a blend. Slot 0 xors in x << 28,
- * which tw0 expects (part_tables); slot 1 has the sign in bit 31 already
- * (sign extension) and takes it with a mask. */
+ * a blend. Slot 0 xors in x << 28, which tw0 expects (part_tables); slot 1
+ * has the sign in bit 31 already (sign extension) and takes it with a
+ * mask. */
 static ALWAYS_INLINE __m256 folded_levels(__m256i x, int j, __m256 tw0, __m256 tw1) {
     if (j == 0) {
         __m256 a = _mm256_permutevar8x32_ps(tw0, x);
@@ -368,10 +370,10 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
 
 /* The score kernel over n tokens for every row. B1, F1: the bits and kind
  * of a single part, as constants, or B1 = 0 for any parts (chosen per part
- * and token pair). Each (B1, F1) gets its own function (score_pick), so
- * that its loops get the registers to themselves: in one function with
- * every variant, GCC spilled in some loops and the prefolded 4-bit loop
- * measured 2-3 ns per (token, kv head) slower. */
+ * and token pair). The common single parts get a function each
+ * (score_pick), so that their loops get the registers to themselves: in
+ * one function with every variant, GCC spilled in some loops and the
+ * prefolded 4-bit loop measured 2-3 ns per (token, kv head) slower. */
 static ALWAYS_INLINE void score_all(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
                                     int d, int rows, float *logits, int ld, float *qs, const int B1, const int F1) {
@@ -406,16 +408,6 @@ static NOINLINE void score_b2(const vq_code_part *parts, int nparts, const float
                               int rows, float *logits, int ld, float *qs) {
     score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 2, PLAIN);
 }
-static NOINLINE void score_b4(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
-                              const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q, int d,
-                              int rows, float *logits, int ld, float *qs) {
-    score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 4, PLAIN);
-}
-static NOINLINE void score_b4_folded(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
-                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
-                                     int d, int rows, float *logits, int ld, float *qs) {
-    score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 4, FOLDED);
-}
 static NOINLINE void score_b4_pre(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
                                   const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q, int d,
                                   int rows, float *logits, int ld, float *qs) {
@@ -433,11 +425,7 @@ static score_fn *score_pick(const vq_code_part *parts, int nparts, const int *ki
     case 1: return score_b1;
     case 2: return score_b2;
     case 3: return score_any; /* measured 3-5 % faster there than alone */
-    default:
-        return kind[0] == FOLDED ? score_b4_folded
-               : kind[0] == FOLDED_PRE ? score_b4_pre
-               : kind[0] == HALVES ? score_b4_halves
-               : score_b4;
+    default: return kind[0] == FOLDED_PRE ? score_b4_pre : kind[0] == HALVES ? score_b4_halves : score_any;
     }
 }
 
@@ -584,16 +572,6 @@ static NOINLINE void accum_b2(const vq_code_part *parts, int nparts, const float
                               int rows, float *acc, int d) {
     accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 2, PLAIN);
 }
-static NOINLINE void accum_b4(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
-                              const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w, int ld,
-                              int rows, float *acc, int d) {
-    accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 4, PLAIN);
-}
-static NOINLINE void accum_b4_folded(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
-                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w,
-                                     int ld, int rows, float *acc, int d) {
-    accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 4, FOLDED);
-}
 static NOINLINE void accum_b4_pre(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
                                   const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w, int ld,
                                   int rows, float *acc, int d) {
@@ -611,11 +589,7 @@ static accum_fn *accum_pick(const vq_code_part *parts, int nparts, const int *ki
     case 1: return accum_b1;
     case 2: return accum_b2;
     case 3: return accum_any; /* as in score_pick */
-    default:
-        return kind[0] == FOLDED ? accum_b4_folded
-               : kind[0] == FOLDED_PRE ? accum_b4_pre
-               : kind[0] == HALVES ? accum_b4_halves
-               : accum_b4;
+    default: return kind[0] == FOLDED_PRE ? accum_b4_pre : kind[0] == HALVES ? accum_b4_halves : accum_any;
     }
 }
 
