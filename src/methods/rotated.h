@@ -39,6 +39,10 @@ void vq_codes_axpy_rows(const uint8_t *packed, int d, int bits, const float *tab
 typedef struct {
     int off, n, bits;
     const float *table;
+    /* 4-bit parts may give their levels as two 4-entry tables too:
+     * halves[0..3] = hi, halves[4..7] = lo with table[4 a + b] == hi[a] +
+     * lo[b] exactly (rvq); NULL otherwise. */
+    const float *halves;
 } vq_code_part;
 
 /* Attention straight from codes for the rotation methods. Token t's codes

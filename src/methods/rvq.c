@@ -62,20 +62,25 @@ static int rvq_layout(const vq_mparams *p, size_t *row_bytes) {
 static size_t rvq_block_bytes(const vq_mparams *p, int bt) { return (size_t)bt * (code_bytes(p) + 2); }
 static double rvq_bits(const vq_mparams *p) { return 2.0 * p->bits + 16.0 / p->head_dim; }
 
-/* Stage scales and the combined table level[c1 << b | c2]. */
-static void stages(const vq_mparams *p, float *s1, float *s2, float *level) {
+/* Stage scales, each stage's scaled levels (halves: stage 1, then stage 2,
+ * 2^b each) and the combined table level[c1 << b | c2] = halves[c1] +
+ * halves[2^b + c2], the sum the codes kernels may form themselves
+ * (vq_code_part.halves). */
+static void stages(const vq_mparams *p, float *s1, float *s2, float *level, float *halves) {
     const vq_codebook *g = p->cb[0], *l = p->cb[1];
     *s1 = 1.0f / sqrtf((float)p->head_dim);
     *s2 = *s1 * (float)sqrt(g->mse / 2);
+    for (int a = 0; a < g->n; a++) halves[a] = *s1 * g->centroid[a];
+    for (int b = 0; b < l->n; b++) halves[g->n + b] = *s2 * l->centroid[b];
     for (int a = 0; a < g->n; a++)
-        for (int b = 0; b < l->n; b++) level[a * l->n + b] = *s1 * g->centroid[a] + *s2 * l->centroid[b];
+        for (int b = 0; b < l->n; b++) level[a * l->n + b] = halves[a] + halves[g->n + b];
 }
 
 static void rvq_encode(const vq_mparams *p, const float *x, size_t x_stride, int n, uint8_t *blk, int bt,
                        int t0) {
     int d = p->head_dim;
-    float s1, s2, level[16], u[1024];
-    stages(p, &s1, &s2, level);
+    float s1, s2, level[16], halves[8], u[1024];
+    stages(p, &s1, &s2, level, halves);
     size_t cb = code_bytes(p);
     uint16_t *nrm = (uint16_t *)(blk + (size_t)bt * cb);
     uint8_t codes[1024];
@@ -98,8 +103,8 @@ static void rvq_encode(const vq_mparams *p, const float *x, size_t x_stride, int
 
 static void rvq_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, int n, float *out) {
     int d = p->head_dim;
-    float s1, s2, level[16];
-    stages(p, &s1, &s2, level);
+    float s1, s2, level[16], halves[8];
+    stages(p, &s1, &s2, level, halves);
     size_t cb = code_bytes(p);
     const uint16_t *nrm = (const uint16_t *)(blk + (size_t)bt * cb);
     for (int t = t0; t < t0 + n; t++) {
@@ -114,21 +119,21 @@ static size_t rvq_scratch(const vq_mparams *p, int rows) { return vq_codes_scrat
 
 static void rvq_score(const vq_mparams *p, const float *q, int rows, const uint8_t *blk, int bt, int t0, int n,
                       float *logits, int ld, float *scratch) {
-    float s1, s2, level[16];
-    stages(p, &s1, &s2, level);
+    float s1, s2, level[16], halves[8];
+    stages(p, &s1, &s2, level, halves);
     size_t cb = code_bytes(p);
     const uint16_t *nrm = (const uint16_t *)(blk + (size_t)bt * cb);
-    vq_code_part part = {0, p->head_dim, 2 * p->bits, level};
+    vq_code_part part = {0, p->head_dim, 2 * p->bits, level, p->bits == 2 ? halves : NULL};
     vq_codes_score(&part, 1, blk + (size_t)t0 * cb, cb, nrm + t0, n, q, p->head_dim, rows, logits, ld, scratch);
 }
 
 static void rvq_accum(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk, int bt, int t0,
                       int n, float *acc, float *scratch) {
-    float s1, s2, level[16];
-    stages(p, &s1, &s2, level);
+    float s1, s2, level[16], halves[8];
+    stages(p, &s1, &s2, level, halves);
     size_t cb = code_bytes(p);
     const uint16_t *nrm = (const uint16_t *)(blk + (size_t)bt * cb);
-    vq_code_part part = {0, p->head_dim, 2 * p->bits, level};
+    vq_code_part part = {0, p->head_dim, 2 * p->bits, level, p->bits == 2 ? halves : NULL};
     vq_codes_accum(&part, 1, blk + (size_t)t0 * cb, cb, nrm + t0, n, w, ld, rows, acc, p->head_dim, scratch);
 }
 

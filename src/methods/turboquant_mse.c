@@ -138,8 +138,8 @@ static void mse_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, 
  * lo part; returns their count. */
 static int code_parts(const vq_mparams *p, vq_code_part parts[2]) {
     int d = p->head_dim, h = p->hi_channels, k = 0;
-    if (h) parts[k++] = (vq_code_part){0, h, p->bits + 1, p->cb[1]->centroid};
-    parts[k++] = (vq_code_part){(int)hi_bytes(p), d - h, p->bits, p->cb[0]->centroid};
+    if (h) parts[k++] = (vq_code_part){0, h, p->bits + 1, p->cb[1]->centroid, NULL};
+    parts[k++] = (vq_code_part){(int)hi_bytes(p), d - h, p->bits, p->cb[0]->centroid, NULL};
     return k;
 }
 

@@ -159,7 +159,7 @@ static void prod_finish_rows(const vq_mparams *p, float *acc, int rows) {
 
 /* The (b-1)-bit part as one code part of the shared kernels (rotated.h). */
 static vq_code_part mse_part(const vq_mparams *p) {
-    return (vq_code_part){0, p->head_dim, p->bits - 1, p->cb[0]->centroid};
+    return (vq_code_part){0, p->head_dim, p->bits - 1, p->cb[0]->centroid, NULL};
 }
 
 /* score() and accum(): the codes kernels' scratch */

@@ -4,17 +4,24 @@
  * called after the CPU was checked.
  *
  * A code becomes its level in registers: the lanes hold the code bytes
- * zero-extended, shifted so the code sits in the low bits, and a permute
- * picks the level: vpermilps by the low 2 bits for 1- and 2-bit tables
- * (replicated to 4 entries in each 128-bit lane, so the bits above the code
- * need no mask; it runs at about twice the rate of vpermps on Zen 3),
- * vpermps by the low 3 bits for 8 entries. 4 bits: two lookups (low
- * and high 8 levels) and a blend on bit 3; when the levels are antisymmetric
- * (T[15 - c] = -T[c], the usual case) one lookup in the lower half and a
- * sign flip instead (folded_levels), which leaves the shuffle and FMA ports
- * more room. 3 bits: the low 2 bits from the
- * 2-bit planes index two replicated 4-entry tables, the high bit (1-bit
- * planes) is shifted to the sign and picks one with a blend.
+ * extended to 32 bits, shifted so the code sits in the low bits, and a
+ * permute picks the level: vpermilps by the low 2 bits for 1- and 2-bit
+ * tables (replicated to 4 entries in each 128-bit lane, so the bits above
+ * the code need no mask), vpermps by the low 3 bits for 8 entries. 4 bits:
+ * two lookups (low and high 8 levels) and a blend on bit 3; when the levels
+ * are antisymmetric (T[15 - c] = -T[c], the usual case) one lookup in the
+ * lower half and a sign flip instead (folded_levels); when they are the sums
+ * of two 4-entry tables (rvq's two stages) two vpermilps and an add
+ * (halves_levels). 3 bits: the low 2 bits from the 2-bit planes index two
+ * replicated 4-entry tables, the high bit (1-bit planes) is shifted to the
+ * sign and picks one with a blend.
+ *
+ * What limits these kernels on Zen 3 is the two pipes that run the FMAs:
+ * vpermps, vpermilps, blends and extending a register (vpmovsxbd) take
+ * turns there, while adds, logic ops and loads do not (measured next to a
+ * stream of FMAs: vpermps costs about as much as two FMAs, vpermilps and
+ * blendv one, a shift half of one, a vpmovsxbd from memory almost nothing).
+ * The lookups are chosen by that cost.
  *
  * Keys: 2 tokens and up to 4 rows per step, so each level vector feeds every
  * row and each q load two tokens; the 8 (row, token) sums are reduced with
@@ -22,8 +29,7 @@
  * afterwards, 8 tokens at a time.
  * Values: the norm is folded into the weights once per token; channels go
  * outer (accumulators for up to 4 rows x 16 channels stay in registers over
- * a run of tokens), tokens inner; folded 4-bit parts fold two tokens' bytes
- * at once. */
+ * a run of tokens), tokens inner. */
 #include "methods/rotated.h"
 
 #include <immintrin.h>
@@ -31,8 +37,10 @@
 
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+#define NOINLINE __attribute__((noinline))
 #else
 #define ALWAYS_INLINE inline
+#define NOINLINE
 #endif
 
 /* Tokens whose norm-scaled weights are prepared at once (stack buffer). */
@@ -46,16 +54,25 @@ static bool part_covered(const vq_code_part *p) {
     return (p->n * p->bits / 8) % 8 == 0;
 }
 
-/* Whether the part's levels are antisymmetric, bit for bit: table[15 - c]
- * == -table[c] (Lloyd-Max codebooks of symmetric densities, and rvq's sums
- * of two such). Only 4-bit parts use it (see folded_levels). */
-static bool part_folded(const vq_code_part *p) {
-    if (p->bits != 4) return false;
+/* How a part's levels are looked up. FOLDED: 4-bit levels that are
+ * antisymmetric, bit for bit: table[15 - c] == -table[c] (Lloyd-Max
+ * codebooks of symmetric densities; see folded_levels); FOLDED_PRE: the
+ * same with the codes folded before the kernel's loops (prefold). HALVES:
+ * 4-bit levels that are sums of two 4-entry tables, table[4 a + b] ==
+ * hi[a] + lo[b] in float (rvq's two stages, vq_code_part.halves), for a
+ * single part: two vpermilps and an add, which measured cheaper than one
+ * vpermps and the fold (rvq 2-bit: 56.7 -> 47.9 ns per (token, kv head)).
+ * PLAIN: everything else. */
+enum { PLAIN, FOLDED, FOLDED_PRE, HALVES };
+
+static int part_kind(const vq_code_part *p, int nparts) {
+    if (p->bits != 4) return PLAIN;
+    if (p->halves && nparts == 1) return HALVES;
     for (int c = 0; c < 8; c++) {
         float neg = -p->table[c];
-        if (memcmp(&neg, &p->table[15 - c], sizeof neg) != 0) return false;
+        if (memcmp(&neg, &p->table[15 - c], sizeof neg) != 0) return PLAIN;
     }
-    return true;
+    return FOLDED;
 }
 
 /* The two lookup tables of a part (see the top of the file). A folded
@@ -63,8 +80,12 @@ static bool part_folded(const vq_code_part *p) {
  * for slot 0 the same levels with bits 28..30 of entry i xored with i, so
  * that xoring in the lane shifted left by 28 (index bits at 28..30, the
  * code's bit 3 at 31) restores them and flips the sign in one operation. */
-static void part_tables(const vq_code_part *p, bool folded, float t[16]) {
-    if (folded) {
+static void part_tables(const vq_code_part *p, int kind, float t[16]) {
+    if (kind == HALVES) {
+        for (int i = 0; i < 8; i++) t[i] = p->halves[4 + (i & 3)], t[8 + i] = p->halves[i & 3];
+        return;
+    }
+    if (kind == FOLDED || kind == FOLDED_PRE) {
         for (int i = 0; i < 8; i++) {
             uint32_t u;
             memcpy(&u, &p->table[i], sizeof u);
@@ -110,35 +131,72 @@ static ALWAYS_INLINE __m256 levels(__m256i x, const int B, int j, __m256 ta, __m
     return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(pick));
 }
 
-/* The 4-bit plane bytes of 8 channels for a folded part (part_folded),
- * one per lane, sign-extended: each code c with bit 3 set becomes c ^ 7
- * first, so its low 3 bits index the lower half T[0..7] at 15 - c and bit 3
- * says to negate (T[c] = -T[15 - c]). Per byte, m = h - (h >> 3) with h =
- * b & 0x88 is 7 in each nibble whose bit 3 is set (the 16-bit shift moves
+/* Folded 4-bit codes (FOLDED parts): each code c with bit 3 set becomes
+ * c ^ 7, so its low 3 bits index the lower half T[0..7] at 15 - c and bit
+ * 3 says to negate (T[c] = -T[15 - c]). Per byte, m = h - (h >> 3) with h
+ * = b & 0x88 is 7 in each nibble whose bit 3 is set (the 16-bit shift moves
  * no set bit across a byte). */
-static ALWAYS_INLINE __m128i fold_bytes(__m128i b) {
+static ALWAYS_INLINE __m256i fold_bytes32(__m256i b) {
+    __m256i h = _mm256_and_si256(b, _mm256_set1_epi8((char)0x88));
+    return _mm256_xor_si256(b, _mm256_sub_epi8(h, _mm256_srli_epi16(h, 3)));
+}
+
+static ALWAYS_INLINE __m128i fold_bytes16(__m128i b) {
     __m128i h = _mm_and_si128(b, _mm_set1_epi8((char)0x88));
-    __m128i m = _mm_sub_epi8(h, _mm_srli_epi16(h, 3));
-    return _mm_xor_si128(b, m);
+    return _mm_xor_si128(b, _mm_sub_epi8(h, _mm_srli_epi16(h, 3)));
 }
 
+/* Bytes of folded codes kept per pass on the stack (prefold): FOLD_BYTES /
+ * cb tokens a pass, 16 or more (4-bit codes of at most 1024 channels are at
+ * most 512 bytes a token). */
+#define FOLD_BYTES 8192
+
+/* The len bytes of src, folded, into dst. The kernels fold a pass of
+ * tokens this way before their token loops when they can (prefold) rather
+ * than 8 bytes at a time inside them (load_folded): there the fold sits
+ * between each code load and its lookups, and the loops measured 4-5
+ * cycles per token slower each (tq-mse 4-bit, in cache) than on folded
+ * bytes with this pass included. The loads run a few vectors ahead of the
+ * stores: one store after each load measured about twice the time. */
+static void fold_codes(const uint8_t *src, size_t len, uint8_t *dst) {
+    size_t i = 0;
+    for (; i + 128 <= len; i += 128) {
+        __m256i v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_si256((const __m256i *)(src + i + 32 * k));
+        for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i *)(dst + i + 32 * k), fold_bytes32(v[k]));
+    }
+    for (; i + 32 <= len; i += 32)
+        _mm256_storeu_si256((__m256i *)(dst + i), fold_bytes32(_mm256_loadu_si256((const __m256i *)(src + i))));
+    for (; i < len; i += 8)
+        _mm_storel_epi64((__m128i *)(dst + i), fold_bytes16(_mm_loadl_epi64((const __m128i *)(src + i))));
+}
+
+/* Whether the codes are folded a pass of tokens at a time (fold_codes): a
+ * single FOLDED part that fills whole rows (tq-mse 4-bit); its kind becomes
+ * FOLDED_PRE. Parts next to others (tq-mse 3.5-bit) fold in the loop. */
+static bool prefold(const vq_code_part *parts, int nparts, size_t cb, int *kind) {
+    if (nparts != 1 || kind[0] != FOLDED || parts[0].off != 0 || (size_t)parts[0].n / 2 != cb || cb > FOLD_BYTES)
+        return false;
+    kind[0] = FOLDED_PRE;
+    return true;
+}
+
+/* The 4-bit plane bytes of 8 channels of a FOLDED part, folded, one per
+ * lane and sign-extended (load_plane): the fold runs on the 32-bit lanes
+ * after the extension, so that the extension takes its bytes straight
+ * from memory (extending a register costs the FMA pipes about 1.6 FMAs,
+ * from memory almost nothing). */
 static ALWAYS_INLINE __m256i load_folded(const uint8_t *p) {
-    return _mm256_cvtepi8_epi32(fold_bytes(_mm_loadl_epi64((const __m128i *)p)));
+    __m256i x = load_plane(p, 4);
+    __m256i h = _mm256_and_si256(x, _mm256_set1_epi32(0x88));
+    return _mm256_xor_si256(x, _mm256_sub_epi32(h, _mm256_srli_epi32(h, 3)));
 }
 
-/* load_folded of two tokens' bytes p0 and p1, folded in one register. */
-static ALWAYS_INLINE void load_folded2(const uint8_t *p0, const uint8_t *p1, __m256i *x0, __m256i *x1) {
-    __m128i b = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)p0)),
-                                              (const double *)p1));
-    __m128i y = fold_bytes(b);
-    *x0 = _mm256_cvtepi8_epi32(y);
-    *x1 = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(y, y));
-}
-
-/* Levels of slot j of folded plane bytes x (load_folded): one lookup and a
- * sign flip instead of two lookups and a blend. Slot 0 xors in x << 28,
- * which tw0 expects (part_tables); slot 1 has the sign in bit 31 already
- * (sign extension) and takes it with a mask. */
+/* Levels of slot j of folded plane bytes x (load_folded, or load_plane of
+ * fold_codes' bytes): one lookup and a sign flip instead of two lookups and
+ * a blend. Slot 0 xors in x << 28, which tw0 expects (part_tables); slot 1
+ * has the sign in bit 31 already (sign extension) and takes it with a
+ * mask. */
 static ALWAYS_INLINE __m256 folded_levels(__m256i x, int j, __m256 tw0, __m256 tw1) {
     if (j == 0) {
         __m256 a = _mm256_permutevar8x32_ps(tw0, x);
@@ -146,6 +204,21 @@ static ALWAYS_INLINE __m256 folded_levels(__m256i x, int j, __m256 tw0, __m256 t
     }
     __m256 a = _mm256_permutevar8x32_ps(tw1, _mm256_srli_epi32(x, 4));
     return _mm256_xor_ps(a, _mm256_and_ps(_mm256_castsi256_ps(x), _mm256_set1_ps(-0.0f)));
+}
+
+/* Levels of slot j of a 4-bit HALVES part: lo[bits 0..1] + hi[bits 2..3]
+ * of the slot's code (ta: lo, tb: hi, each replicated; vpermilps reads the
+ * low 2 bits of each lane). */
+static ALWAYS_INLINE __m256 halves_levels(__m256i x, int j, __m256 ta, __m256 tb) {
+    __m256 lo = _mm256_permutevar_ps(ta, j ? _mm256_srli_epi32(x, 4) : x);
+    return _mm256_add_ps(lo, _mm256_permutevar_ps(tb, _mm256_srli_epi32(x, 4 * j + 2)));
+}
+
+/* Levels of slot j of plane bytes x for a part of B bits and kind F. */
+static ALWAYS_INLINE __m256 part_levels(__m256i x, const int B, const int F, int j, __m256 ta, __m256 tb) {
+    if (F == FOLDED || F == FOLDED_PRE) return folded_levels(x, j, ta, tb);
+    if (F == HALVES) return halves_levels(x, j, ta, tb);
+    return levels(x, B, j, ta, tb);
 }
 
 /* Levels of 3-bit codes: slot j of the 2-bit plane bytes x, high bit hb of
@@ -163,9 +236,9 @@ static ALWAYS_INLINE __m256 levels3(__m256i x, __m256i h, int j, int hb, __m256 
 static ALWAYS_INLINE int acc_index(const int R, int r, int t, int g) { return R == 1 ? t + 2 * (g & 1) : 2 * r + t; }
 
 /* Adds q_r . levels of one part for tokens c0 and c1 (their codes) into
- * acc; qs is the part's q in reading order (prep_part). F: a folded 4-bit
- * part (part_folded). */
-static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, const int B, const bool F, const int R,
+ * acc; qs is the part's q in reading order (prep_part). F: the part's
+ * kind (part_kind). */
+static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, const int B, const int F, const int R,
                                      const float *qs, const uint8_t *c0, const uint8_t *c1, __m256 *acc) {
     __m256 ta = _mm256_loadu_ps(tab), tb = _mm256_loadu_ps(tab + 8);
     c0 += p->off;
@@ -195,15 +268,10 @@ static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, co
     int stride = p->n * B / 8;
     for (int u = 0; u < stride; u += 8) {
         __m256i x0, x1;
-        if (F) {
-            load_folded2(c0 + u, c1 + u, &x0, &x1);
-        } else {
-            x0 = load_plane(c0 + u, B);
-            x1 = load_plane(c1 + u, B);
-        }
+        x0 = F == FOLDED ? load_folded(c0 + u) : load_plane(c0 + u, B);
+        x1 = F == FOLDED ? load_folded(c1 + u) : load_plane(c1 + u, B);
         for (int j = 0; j < 8 / B; j++) {
-            __m256 v0 = F ? folded_levels(x0, j, ta, tb) : levels(x0, B, j, ta, tb);
-            __m256 v1 = F ? folded_levels(x1, j, ta, tb) : levels(x1, B, j, ta, tb);
+            __m256 v0 = part_levels(x0, B, F, j, ta, tb), v1 = part_levels(x1, B, F, j, ta, tb);
             for (int r = 0; r < R; r++, qs += 8) {
                 __m256 qv = _mm256_loadu_ps(qs);
                 acc[acc_index(R, r, 0, j)] = _mm256_fmadd_ps(qv, v0, acc[acc_index(R, r, 0, j)]);
@@ -243,9 +311,9 @@ static void scale_by_norms(const uint16_t *norms, int n, int R, float *logits, i
 
 /* Scores tokens [0, n) for R rows (1, 2 or 4, a constant in each caller so
  * the accumulators stay in registers). */
-static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, const float *tabs, const bool *folded,
+static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
                                      const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
-                                     int d, const int R, float *logits, int ld, float *qs) {
+                                     int d, const int R, float *logits, int ld, float *qs, const int B1, const int F1) {
     for (int k = 0, ch = 0; k < nparts; ch += parts[k].n, k++) prep_part(&parts[k], R, q + ch, d, qs + R * ch);
     for (int j = 0; j < n; j += 2) {
         /* an odd count scores the last token twice and keeps one */
@@ -257,13 +325,17 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
         for (int k = 0; k < nparts; k++) {
             const vq_code_part *p = &parts[k];
             const float *qk = qs + R * ch, *tab = tabs + 16 * k;
+            if (B1) {
+                score_part(p, tab, B1, F1, R, qk, c0, c1, acc);
+                break;
+            }
             switch (p->bits) {
-            case 1: score_part(p, tab, 1, false, R, qk, c0, c1, acc); break;
-            case 2: score_part(p, tab, 2, false, R, qk, c0, c1, acc); break;
-            case 3: score_part(p, tab, 3, false, R, qk, c0, c1, acc); break;
+            case 1: score_part(p, tab, 1, PLAIN, R, qk, c0, c1, acc); break;
+            case 2: score_part(p, tab, 2, PLAIN, R, qk, c0, c1, acc); break;
+            case 3: score_part(p, tab, 3, PLAIN, R, qk, c0, c1, acc); break;
             default:
-                if (folded[k]) score_part(p, tab, 4, true, R, qk, c0, c1, acc);
-                else score_part(p, tab, 4, false, R, qk, c0, c1, acc);
+                if (kind[k] == FOLDED) score_part(p, tab, 4, FOLDED, R, qk, c0, c1, acc);
+                else score_part(p, tab, 4, PLAIN, R, qk, c0, c1, acc);
                 break;
             }
             ch += p->n;
@@ -296,27 +368,97 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
     scale_by_norms(norms, n, R, logits, ld);
 }
 
+/* The score kernel over n tokens for every row. B1, F1: the bits and kind
+ * of a single part, as constants, or B1 = 0 for any parts (chosen per part
+ * and token pair). The common single parts get a function each
+ * (score_pick), so that their loops get the registers to themselves: in
+ * one function with every variant, GCC spilled in some loops and the
+ * prefolded 4-bit loop measured 2-3 ns per (token, kv head) slower. */
+static ALWAYS_INLINE void score_all(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                                    const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
+                                    int d, int rows, float *logits, int ld, float *qs, const int B1, const int F1) {
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        score_rows(parts, nparts, tabs, kind, codes, cb, norms, n, q + (size_t)r * d, d, 4, logits + (size_t)r * ld,
+                   ld, qs, B1, F1);
+    for (; r + 2 <= rows; r += 2)
+        score_rows(parts, nparts, tabs, kind, codes, cb, norms, n, q + (size_t)r * d, d, 2, logits + (size_t)r * ld,
+                   ld, qs, B1, F1);
+    for (; r < rows; r++)
+        score_rows(parts, nparts, tabs, kind, codes, cb, norms, n, q + (size_t)r * d, d, 1, logits + (size_t)r * ld,
+                   ld, qs, B1, F1);
+}
+
+typedef void score_fn(const vq_code_part *parts, int nparts, const float *tabs, const int *kind, const uint8_t *codes,
+                      size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
+                      float *qs);
+
+static NOINLINE void score_any(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                               const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q, int d,
+                               int rows, float *logits, int ld, float *qs) {
+    score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 0, PLAIN);
+}
+static NOINLINE void score_b1(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                              const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q, int d,
+                              int rows, float *logits, int ld, float *qs) {
+    score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 1, PLAIN);
+}
+static NOINLINE void score_b2(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                              const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q, int d,
+                              int rows, float *logits, int ld, float *qs) {
+    score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 2, PLAIN);
+}
+static NOINLINE void score_b4_pre(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                                  const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q, int d,
+                                  int rows, float *logits, int ld, float *qs) {
+    score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 4, FOLDED_PRE);
+}
+static NOINLINE void score_b4_halves(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
+                                     int d, int rows, float *logits, int ld, float *qs) {
+    score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 4, HALVES);
+}
+
+static score_fn *score_pick(const vq_code_part *parts, int nparts, const int *kind) {
+    if (nparts != 1) return score_any;
+    switch (parts[0].bits) {
+    case 1: return score_b1;
+    case 2: return score_b2;
+    case 3: return score_any; /* measured 3-5 % faster there than alone */
+    default: return kind[0] == FOLDED_PRE ? score_b4_pre : kind[0] == HALVES ? score_b4_halves : score_any;
+    }
+}
+
+/* fn over n tokens whose codes are folded first (prefold), a pass of
+ * FOLD_BYTES at a time; in a function of its own so that the other calls
+ * keep a small stack frame. */
+static NOINLINE void score_prefolded(score_fn *fn, const vq_code_part *parts, const float *tabs, const int *kind,
+                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
+                                     int d, int rows, float *logits, int ld, float *qs) {
+    uint8_t folded[FOLD_BYTES];
+    int step = (int)(FOLD_BYTES / cb);
+    for (int t0 = 0; t0 < n; t0 += step) {
+        int m = n - t0 < step ? n - t0 : step;
+        fold_codes(codes + (size_t)t0 * cb, (size_t)m * cb, folded);
+        fn(parts, 1, tabs, kind, folded, cb, norms + t0, m, q, d, rows, logits + t0, ld, qs);
+    }
+}
+
 bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
                          const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
                          float *scratch) {
     float tabs[2 * 16];
-    bool folded[2];
+    int kind[2];
     if (nparts > 2) return false;
     for (int k = 0; k < nparts; k++) {
         if (!part_covered(&parts[k])) return false;
-        folded[k] = part_folded(&parts[k]);
-        part_tables(&parts[k], folded[k], tabs + 16 * k);
+        kind[k] = part_kind(&parts[k], nparts);
     }
-    int r = 0;
-    for (; r + 4 <= rows; r += 4)
-        score_rows(parts, nparts, tabs, folded, codes, cb, norms, n, q + (size_t)r * d, d, 4, logits + (size_t)r * ld,
-                   ld, scratch);
-    for (; r + 2 <= rows; r += 2)
-        score_rows(parts, nparts, tabs, folded, codes, cb, norms, n, q + (size_t)r * d, d, 2, logits + (size_t)r * ld,
-                   ld, scratch);
-    for (; r < rows; r++)
-        score_rows(parts, nparts, tabs, folded, codes, cb, norms, n, q + (size_t)r * d, d, 1, logits + (size_t)r * ld,
-                   ld, scratch);
+    bool pre = prefold(parts, nparts, cb, kind);
+    for (int k = 0; k < nparts; k++) part_tables(&parts[k], kind[k], tabs + 16 * k);
+    score_fn *fn = score_pick(parts, nparts, kind);
+    if (pre) score_prefolded(fn, parts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
+    else fn(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
     return true;
 }
 
@@ -333,8 +475,8 @@ static ALWAYS_INLINE void weigh(const int R, const int G, const float *wn, const
  * part, R rows (1, 2, 4) and G = 8 / R runs per pass (at most the slots of
  * a byte): the R x G accumulators stay in registers over the tokens. acc
  * points at the part's first channel of row 0, rows d apart; wn rows are
- * TOKENS apart. F: a folded 4-bit part (part_folded). */
-static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, const int B, const bool F, const int R,
+ * TOKENS apart. F: the part's kind (part_kind). */
+static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, const int B, const int F, const int R,
                                      const float *wn, const uint8_t *codes, size_t cb, int n, float *acc, int d) {
     __m256 ta = _mm256_loadu_ps(tab), tb = _mm256_loadu_ps(tab + 8);
     const int slots = B == 3 ? 4 : 8 / B, G = 8 / R < slots ? 8 / R : slots;
@@ -345,28 +487,15 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
             __m256 a[8];
             for (int r = 0; r < R; r++)
                 for (int g = 0; g < G; g++) a[r * G + g] = _mm256_loadu_ps(acc + (size_t)r * d + (j0 + g) * stride + u);
-            int t = 0;
-            if (F) /* two tokens' bytes folded in one register, as in score_part */
-                for (; t + 2 <= n; t += 2) {
-                    __m256i x0, x1;
-                    load_folded2(c + (size_t)t * cb + u, c + (size_t)(t + 1) * cb + u, &x0, &x1);
-                    __m256 v[8];
-                    for (int g = 0; g < G; g++) v[g] = folded_levels(x0, j0 + g, ta, tb);
-                    weigh(R, G, wn + t, v, a);
-                    for (int g = 0; g < G; g++) v[g] = folded_levels(x1, j0 + g, ta, tb);
-                    weigh(R, G, wn + t + 1, v, a);
-                }
-            for (; t < n; t++) {
+            for (int t = 0; t < n; t++) {
                 const uint8_t *ct = c + (size_t)t * cb;
-                __m256i x = F ? load_folded(ct + u) : load_plane(ct + u, B);
+                __m256i x = F == FOLDED ? load_folded(ct + u) : load_plane(ct + u, B);
                 __m256 v[8];
                 if (B == 3) {
                     __m256i h = load_u8x8(ct + stride + u % s1);
                     for (int g = 0; g < G; g++) v[g] = levels3(x, h, j0 + g, 2 * (j0 + g) + u / s1, ta, tb);
-                } else if (F) {
-                    for (int g = 0; g < G; g++) v[g] = folded_levels(x, j0 + g, ta, tb);
                 } else {
-                    for (int g = 0; g < G; g++) v[g] = levels(x, B, j0 + g, ta, tb);
+                    for (int g = 0; g < G; g++) v[g] = part_levels(x, B, F, j0 + g, ta, tb);
                 }
                 weigh(R, G, wn + t, v, a);
             }
@@ -375,9 +504,9 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
         }
 }
 
-static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, const float *tabs, const bool *folded,
+static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
                                      const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w,
-                                     int ld, const int R, float *acc, int d) {
+                                     int ld, const int R, float *acc, int d, const int B1, const int F1) {
     float wn[4 * TOKENS];
     for (int t0 = 0; t0 < n; t0 += TOKENS) {
         int m = n - t0 < TOKENS ? n - t0 : TOKENS;
@@ -390,13 +519,17 @@ static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, cons
         for (int k = 0; k < nparts; k++) {
             const vq_code_part *p = &parts[k];
             const float *tab = tabs + 16 * k;
+            if (B1) {
+                accum_part(p, tab, B1, F1, R, wn, ct, cb, m, acc + ch, d);
+                break;
+            }
             switch (p->bits) {
-            case 1: accum_part(p, tab, 1, false, R, wn, ct, cb, m, acc + ch, d); break;
-            case 2: accum_part(p, tab, 2, false, R, wn, ct, cb, m, acc + ch, d); break;
-            case 3: accum_part(p, tab, 3, false, R, wn, ct, cb, m, acc + ch, d); break;
+            case 1: accum_part(p, tab, 1, PLAIN, R, wn, ct, cb, m, acc + ch, d); break;
+            case 2: accum_part(p, tab, 2, PLAIN, R, wn, ct, cb, m, acc + ch, d); break;
+            case 3: accum_part(p, tab, 3, PLAIN, R, wn, ct, cb, m, acc + ch, d); break;
             default:
-                if (folded[k]) accum_part(p, tab, 4, true, R, wn, ct, cb, m, acc + ch, d);
-                else accum_part(p, tab, 4, false, R, wn, ct, cb, m, acc + ch, d);
+                if (kind[k] == FOLDED) accum_part(p, tab, 4, FOLDED, R, wn, ct, cb, m, acc + ch, d);
+                else accum_part(p, tab, 4, PLAIN, R, wn, ct, cb, m, acc + ch, d);
                 break;
             }
             ch += p->n;
@@ -404,22 +537,88 @@ static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, cons
     }
 }
 
+/* The value kernel over n tokens for every row; B1, F1 as in score_all
+ * (accum_pick). */
+static ALWAYS_INLINE void accum_all(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                                    const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w,
+                                    int ld, int rows, float *acc, int d, const int B1, const int F1) {
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        accum_rows(parts, nparts, tabs, kind, codes, cb, norms, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d, d,
+                   B1, F1);
+    for (; r + 2 <= rows; r += 2)
+        accum_rows(parts, nparts, tabs, kind, codes, cb, norms, n, w + (size_t)r * ld, ld, 2, acc + (size_t)r * d, d,
+                   B1, F1);
+    for (; r < rows; r++)
+        accum_rows(parts, nparts, tabs, kind, codes, cb, norms, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d, d,
+                   B1, F1);
+}
+
+typedef void accum_fn(const vq_code_part *parts, int nparts, const float *tabs, const int *kind, const uint8_t *codes,
+                      size_t cb, const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d);
+
+static NOINLINE void accum_any(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                               const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w, int ld,
+                               int rows, float *acc, int d) {
+    accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 0, PLAIN);
+}
+static NOINLINE void accum_b1(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                              const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w, int ld,
+                              int rows, float *acc, int d) {
+    accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 1, PLAIN);
+}
+static NOINLINE void accum_b2(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                              const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w, int ld,
+                              int rows, float *acc, int d) {
+    accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 2, PLAIN);
+}
+static NOINLINE void accum_b4_pre(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                                  const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w, int ld,
+                                  int rows, float *acc, int d) {
+    accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 4, FOLDED_PRE);
+}
+static NOINLINE void accum_b4_halves(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w,
+                                     int ld, int rows, float *acc, int d) {
+    accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 4, HALVES);
+}
+
+static accum_fn *accum_pick(const vq_code_part *parts, int nparts, const int *kind) {
+    if (nparts != 1) return accum_any;
+    switch (parts[0].bits) {
+    case 1: return accum_b1;
+    case 2: return accum_b2;
+    case 3: return accum_any; /* as in score_pick */
+    default: return kind[0] == FOLDED_PRE ? accum_b4_pre : kind[0] == HALVES ? accum_b4_halves : accum_any;
+    }
+}
+
+/* As score_prefolded. */
+static NOINLINE void accum_prefolded(accum_fn *fn, const vq_code_part *parts, const float *tabs, const int *kind,
+                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w,
+                                     int ld, int rows, float *acc, int d) {
+    uint8_t folded[FOLD_BYTES];
+    int step = (int)(FOLD_BYTES / cb);
+    for (int t0 = 0; t0 < n; t0 += step) {
+        int m = n - t0 < step ? n - t0 : step;
+        fold_codes(codes + (size_t)t0 * cb, (size_t)m * cb, folded);
+        fn(parts, 1, tabs, kind, folded, cb, norms + t0, m, w + t0, ld, rows, acc, d);
+    }
+}
+
 bool vq_codes_accum_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
                          const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
     float tabs[2 * 16];
-    bool folded[2];
+    int kind[2];
     if (nparts > 2) return false;
     for (int k = 0; k < nparts; k++) {
         if (!part_covered(&parts[k])) return false;
-        folded[k] = part_folded(&parts[k]);
-        part_tables(&parts[k], folded[k], tabs + 16 * k);
+        kind[k] = part_kind(&parts[k], nparts);
     }
-    int r = 0;
-    for (; r + 4 <= rows; r += 4)
-        accum_rows(parts, nparts, tabs, folded, codes, cb, norms, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d, d);
-    for (; r + 2 <= rows; r += 2)
-        accum_rows(parts, nparts, tabs, folded, codes, cb, norms, n, w + (size_t)r * ld, ld, 2, acc + (size_t)r * d, d);
-    for (; r < rows; r++)
-        accum_rows(parts, nparts, tabs, folded, codes, cb, norms, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d, d);
+    bool pre = prefold(parts, nparts, cb, kind);
+    for (int k = 0; k < nparts; k++) part_tables(&parts[k], kind[k], tabs + 16 * k);
+    accum_fn *fn = accum_pick(parts, nparts, kind);
+    if (pre) accum_prefolded(fn, parts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d);
+    else fn(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d);
     return true;
 }
