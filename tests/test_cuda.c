@@ -27,10 +27,14 @@ static void fill(float *x, size_t n, vq_rng *r) {
 }
 
 /* Few distinct values, zeros of both signs among them: many equal minima
- * and maxima, so the encoders must pick the same one (the first in order). */
-static void fill_ties(float *x, size_t n, vq_rng *r) {
+ * and maxima, so the encoders must pick the same one (the first in order).
+ * `zero_min`: no negative values, so every group's minimum is a zero. */
+static void fill_ties(float *x, size_t n, vq_rng *r, int zero_min) {
     static const float vals[] = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f, -0.0f, 0.0f, 2.0f};
-    for (size_t i = 0; i < n; i++) x[i] = vals[vq_rng_next(r) % 8];
+    for (size_t i = 0; i < n; i++) {
+        float v = vals[vq_rng_next(r) % 8];
+        x[i] = zero_min && v < 0 ? 0.25f : v;
+    }
 }
 
 /* Converts fp32 rows to the dtype as a host buffer (bf16/f16 bits). */
@@ -71,15 +75,16 @@ static void *to_device_at(const void *src, size_t bytes, size_t skew, void **bas
 }
 
 /* Appends the same n tokens to both caches of a pair, in `pieces` calls;
- * keys and values are standard normal (or tie-heavy) times kscale and
- * vscale, and the GPU's K and V sit `skew` bytes off 16-byte alignment. */
+ * keys and values are standard normal (or tie-heavy: ties 1, with zero
+ * minima: 2) times kscale and vscale, and the GPU's K and V sit `skew`
+ * bytes off 16-byte alignment. */
 static void append_scaled(pair *p, int layer, int n, int pieces, vq_dtype dt, vq_rng *r, int with_pos, int ties,
                           size_t skew, float kscale, float vscale) {
     int H = p->cpu->cfg.n_heads_kv, d = p->cpu->cfg.head_dim;
     size_t rows = (size_t)n * H * d;
     float *k = malloc(rows * 4), *v = malloc(rows * 4);
-    (ties ? fill_ties : fill)(k, rows, r);
-    (ties ? fill_ties : fill)(v, rows, r);
+    if (ties) fill_ties(k, rows, r, ties == 2), fill_ties(v, rows, r, ties == 2);
+    else fill(k, rows, r), fill(v, rows, r);
     for (size_t i = 0; i < rows; i++) k[i] *= kscale, v[i] *= vscale;
     void *kh = as_dtype(k, rows, dt), *vh = as_dtype(v, rows, dt);
     size_t es = vq_dtype_size(dt);
@@ -200,7 +205,7 @@ typedef struct {
     const char *spec;
     int hq, hkv, d, n, pieces;
     vq_dtype dt;
-    int ties;  /* inputs from fill_ties */
+    int ties;  /* inputs from fill_ties (2: every minimum a zero) */
     int skew;  /* bytes the GPU's K and V sit off 16-byte alignment */
 } case_t;
 
@@ -305,7 +310,7 @@ static void test_errors(vq_rng *r) {
 }
 
 int main(int argc, char **argv) {
-    /* --small: six short cases, for compute-sanitizer runs */
+    /* --small: seven short cases, for compute-sanitizer runs */
     int small = argc > 1 && strcmp(argv[1], "--small") == 0;
     if (vq_cuda_device_count() < 1) {
         printf("no usable CUDA device: skipped\n");
@@ -351,18 +356,30 @@ int main(int argc, char **argv) {
         {"kivi:bits=3,group=64", 8, 2, 192, 400, 1, VQ_BF16, 0, 0},
         {"fp16", 8, 2, 192, 200, 1, VQ_F32, 0, 0},
         {"kivi:bits=4,group=128", 8, 2, 64, 600, 2, VQ_BF16, 0, 0},
+        /* KIVI lanes per packed byte: 16 busy lanes for 2-bit keys at d = 64
+         * and 3-bit high-bit planes at d <= 128; d = 256 with 8 value groups
+         * of parameters per warp (over 48 KB of shared memory a block) */
+        {"kivi:bits=2,group=64", 8, 2, 64, 400, 2, VQ_F16, 0, 0},
+        {"kivi:bits=3,group=32", 8, 2, 64, 400, 2, VQ_F16, 0, 0},
+        {"kivi:bits=2,group=32", 8, 2, 256, 600, 2, VQ_F16, 0, 0},
+        {"kivi:bits=3,group=128", 8, 2, 256, 400, 1, VQ_F32, 0, 0},
+        {"kivi:bits=8,group=32", 8, 2, 256, 300, 1, VQ_BF16, 0, 0},
         /* ties: equal minima (+0 and -0) in key and value groups */
         {"kivi:bits=2", 8, 2, 128, 500, 2, VQ_F32, 1, 0},
         {"kivi:bits=4,group=64", 8, 2, 64, 400, 1, VQ_F16, 1, 0},
         {"tq-mse:bits=4", 8, 2, 128, 200, 1, VQ_F32, 1, 0},
+        /* every minimum a zero: every KIVI group folded again in order */
+        {"kivi:bits=2", 8, 2, 128, 500, 2, VQ_F16, 2, 0},
+        {"kivi:bits=3,group=64", 8, 2, 64, 400, 1, VQ_F32, 2, 0},
         /* K and V off 16-byte alignment: element-wise loads */
         {"kivi:bits=2", 8, 2, 128, 300, 2, VQ_F16, 0, 2},
         {"fp16", 8, 2, 64, 200, 1, VQ_F32, 0, 4},
         {"tq-mse:bits=4", 8, 2, 128, 200, 1, VQ_BF16, 0, 6},
     };
     if (small) {
-        /* f32 rows are staged through registers, fp16 rows by cp.async:
-         * both paths under the sanitizers */
+        /* f32 rows are staged through registers, fp16 rows by the
+         * bulk-copy engine: both paths under the sanitizers; the last case
+         * folds every KIVI group again in order, with 8 value groups */
         const case_t few[] = {
             {"fp16", 8, 2, 64, 150, 2, VQ_F32, 0, 0},
             {"kivi:bits=2,group=32", 8, 2, 128, 300, 2, VQ_F32, 0, 0},
@@ -370,6 +387,7 @@ int main(int argc, char **argv) {
             {"tq-mse:bits=4", 8, 2, 128, 200, 2, VQ_F32, 0, 0},
             {"kivi:bits=2,group=32", 8, 2, 128, 300, 2, VQ_F16, 0, 0},
             {"tq-mse:bits=4", 8, 2, 128, 200, 2, VQ_F16, 0, 0},
+            {"kivi:bits=2,group=32", 8, 2, 256, 200, 1, VQ_F16, 2, 0},
         };
         for (size_t i = 0; i < sizeof few / sizeof few[0]; i++) run_case(&few[i], &r);
         return check_done();

@@ -6,25 +6,29 @@
  *
  * Work is split into warp-sized items that need no shared state: (head,
  * unit of tokens, K or V) for the encoded tokens, (head, unit) for the
- * window. Inside an item a lane owns 8 consecutive channels of a token row,
- * so every load and every fp16 store is 16 bytes and a row of d channels
- * takes d / 8 lanes (a warp covers 32 / (d / 8) rows at once). fp16 rows
- * and the window are copied straight from the loads; the quantizers first
- * stage up to 32 rows in the warp's shared tile (by the bulk-copy engine
- * when the rows are fp16 on 16-byte boundaries: one instruction per row,
- * every row in flight at once; else through registers, 8 rows in flight
- * per lane) and work from there. Reductions
- * over channels (KIVI value groups, the Hadamard transform) are shuffles
- * between the lanes of a row; KIVI key groups reduce over the rows a lane
- * visits, then across the row slots of the warp. Packed codes follow the
- * planes layout (codes.cuh): a lane's 8 codes fill one 8-byte word of a
- * plane, and the lanes that share those bytes OR their words together.
+ * window. fp16 rows and the window are copied by lanes that own 8
+ * consecutive channels of a row (16-byte loads and stores; a row of d
+ * channels takes d / 8 lanes). The quantizers first stage up to 32 rows in
+ * the warp's shared tile (by the bulk-copy engine when the rows are fp16 on
+ * 16-byte boundaries: one instruction per row, every row in flight at once;
+ * else through registers, 8 rows in flight per lane) and work from there:
+ * - KIVI gives each lane whole bytes of the packed rows (codes.cuh's planes
+ *   layout) and whole (scale, zero) groups, so lanes never exchange data:
+ *   for keys a lane owns the channels of bytes lane, lane + 32, ... of every
+ *   token's row and folds them over the group's tokens; for values a lane
+ *   owns a token row.
+ * - tq-mse keeps 8 channels of a row per lane: the Hadamard transform and
+ *   the packing of codes are shuffles between the lanes of a row (a lane's
+ *   8 codes fill one 8-byte word of a plane, and the lanes that share those
+ *   bytes OR their words together).
+ * The kernel is compiled once per set of quantizers a cache uses, so each
+ * instance allocates registers for its own paths only.
  *
  * Arithmetic gives the CPU encoders' results bit for bit: IEEE rounding
  * and no contraction into FMA (the _rn intrinsics); KIVI's quotients
  * (x - z) / s correctly rounded from 1 / s (code_bits); minima and maxima
- * merged in the CPU's order; tq-mse's norm summed channel by channel in
- * fp64 by one lane per token. */
+ * equal to the CPU's in-order fold (fold_again); tq-mse's norm summed
+ * channel by channel in fp64 by one lane per token. */
 #include "codes.cuh"
 
 #include <cuda_bf16.h>
@@ -37,6 +41,12 @@
 /* Rows of a warp's shared tile: 32 (one tq-mse norm per lane) up to head
  * dim 128, 16 above, so a tile stays under 9 KB. */
 static __host__ __device__ int tile_rows(int d) { return d <= 128 ? 32 : 16; }
+
+/* KIVI value groups of a row, whose parameters a warp keeps in shared
+ * memory (32 x 16 bytes each) between its two passes; 0 for other values. */
+static __host__ __device__ int value_groups(const vq_cu_append_args &a) {
+    return a.mv.kind == VQ_CU_KIVI ? (a.d + a.mv.group - 1) / a.mv.group : 0;
+}
 
 /* A lane's place in a warp: it holds channels [c0, c0 + 8) of row slot
  * `sub` (slots 0 .. tpw - 1); at d = 192 lanes 24..31 hold nothing (on is
@@ -157,13 +167,6 @@ __device__ __forceinline__ uint32_t code_bits(float x, float s, float r, float z
     return __float_as_uint(__fadd_rn(fminf(q, mq), 12582912.0f));
 }
 
-/* The low bytes of 8 code_bits() results as one word (code j in byte j). */
-__device__ __forceinline__ unsigned long long code_word(const uint32_t t[8]) {
-    uint32_t lo = __byte_perm(__byte_perm(t[0], t[1], 0x0040), __byte_perm(t[2], t[3], 0x0040), 0x5410);
-    uint32_t hi = __byte_perm(__byte_perm(t[4], t[5], 0x0040), __byte_perm(t[6], t[7], 0x0040), 0x5410);
-    return (unsigned long long)hi << 32 | lo;
-}
-
 /* The CPU codes a group with a scale that is not > 0 (0 or NaN) as 0; an
  * infinite scale (only from infinite inputs) gives it 0 for finite x too,
  * while code_bits() would see a NaN. */
@@ -252,17 +255,6 @@ __device__ __forceinline__ void put_codes(const int code[8], const packer &k, co
     }
 }
 
-/* put_codes() for codes as bytes of one word (code_word()). */
-__device__ __forceinline__ void put_word(unsigned long long w, const packer &k, const lanes &L, uint8_t *row,
-                                         bool store) {
-    if (k.three) {
-        put_plane(w & 0x0303030303030303ull, k.p[0], L, row, store);
-        put_plane((w >> 2) & 0x0101010101010101ull, k.p[1], L, row, store);
-    } else {
-        put_plane(w, k.p[0], L, row, store);
-    }
-}
-
 /* fp16 rows into blocks: a copy. */
 __device__ void enc_fp16(const vq_cu_append_args &a, bool al, size_t off, bool value, int h, int i0, int cnt,
                          const lanes &L) {
@@ -286,9 +278,11 @@ __device__ void enc_fp16(const vq_cu_append_args &a, bool al, size_t off, bool v
 
 /* Rows [i, i + n) (n <= tile_rows) of head h's K or V into the warp's
  * tile as fp16 rows of pitch d + 8 (conflict-free 16-byte reads of a row
- * per lane), through registers: any dtype and alignment. Not inlined: the
- * callers share one copy of the load code. */
-__device__ __noinline__ void stage_loads(const vq_cu_append_args &a, bool al, int h, int i, int n, bool value, lanes L,
+ * per lane), through registers: any dtype and alignment. Inlined: as a call
+ * it made ptxas spill the KIVI key paths' registers around it (88-164 B at
+ * 2, 4 and 8 bits), spill code that the bulk-copy path, which never makes
+ * the call, ran too. */
+__device__ __forceinline__ void stage_loads(const vq_cu_append_args &a, bool al, int h, int i, int n, bool value, lanes L,
                                          uint16_t *tile) {
     const int pitch = a.d + 8;
     __syncwarp(); /* earlier reads of the tile are done */
@@ -366,154 +360,279 @@ __device__ __forceinline__ void tile_row(const uint16_t *tile, int pitch, int ro
     to_float8(ok ? *(const uint4 *)(tile + row * pitch + L.c0) : make_uint4(0, 0, 0, 0), x);
 }
 
-/* A key group's per-channel fp16 scales and zeros from its minima and
- * maxima: stored in the block, returned as floats with 1 / s and the
- * bytes of channels whose scale is usable (vm). Returns the block;
- * *t0 is the group's first token in it. */
-__device__ __forceinline__ uint8_t *key_params(const vq_cu_append_args &a, const vq_cu_method &m, int h, int g0,
-                                               const lanes &L, const float mn[8], const float mx[8], float s[8],
-                                               float rc[8], float z[8], unsigned long long *vm, int *t0) {
-    const int d = a.d, G = m.group, cb = m.code_bytes;
-    const float maxq = (float)((1 << m.bits) - 1);
-    uint32_t sw[4], zw[4];
-    for (int j = 0; j < 8; j += 2) {
-        uint16_t s0 = vq_cu_f2h(__fdiv_rn(__fsub_rn(mx[j], mn[j]), maxq)), z0 = vq_cu_f2h(mn[j]);
-        uint16_t s1 = vq_cu_f2h(__fdiv_rn(__fsub_rn(mx[j + 1], mn[j + 1]), maxq)), z1 = vq_cu_f2h(mn[j + 1]);
-        s[j] = vq_cu_h2f(s0), s[j + 1] = vq_cu_h2f(s1), z[j] = vq_cu_h2f(z0), z[j + 1] = vq_cu_h2f(z1);
-        sw[j / 2] = s0 | (uint32_t)s1 << 16;
-        zw[j / 2] = z0 | (uint32_t)z1 << 16;
-    }
-    *vm = 0;
-    for (int j = 0; j < 8; j++) {
-        rc[j] = __frcp_rn(s[j]);
-        *vm |= (unsigned long long)(scale_ok(s[j]) ? 0xff : 0) << (8 * j);
-    }
-    uint8_t *blk = block_of(a, h, g0, t0);
-    uint16_t *sc = (uint16_t *)(blk + (size_t)a.bt * cb) + (size_t)(*t0 / G) * 2 * d;
-    if (L.on && L.sub == 0) {
-        *(uint4 *)(sc + L.c0) = make_uint4(sw[0], sw[1], sw[2], sw[3]);
-        *(uint4 *)(sc + d + L.c0) = make_uint4(zw[0], zw[1], zw[2], zw[3]);
-    }
-    return blk;
+/* KIVI, a lane per packed byte (keys) or per token (values): each lane
+ * builds whole bytes of the packed rows from whole (scale, zero) groups, so
+ * no lane waits for another (no shuffles), and the min and max folds run in
+ * the lane. */
+
+/* The CPU's in-order min and max of a group equal FMNMX's (fminf, fmaxf;
+ * HMNMX2 on fp16 pairs) except when the result is a zero (+0 and -0 compare
+ * equal and the CPU keeps the earliest) or the group's first element is a
+ * NaN (the CPU keeps it, FMNMX skips it): such groups are folded again in
+ * order. */
+__device__ __forceinline__ bool fold_again(float first, float mn, float mx) {
+    return mn == 0.0f || mx == 0.0f || first != first;
 }
 
-/* One key row's codes (x: its 8 channels) into its packed row. */
-__device__ __forceinline__ void key_row(const float x[8], const float s[8], const float rc[8], const float z[8],
-                                        unsigned long long vm, float maxq, const packer &pk, const lanes &L,
-                                        uint8_t *row) {
-    uint32_t t[8];
-    for (int j = 0; j < 8; j++) t[j] = code_bits(x[j], s[j], rc[j], z[j], maxq);
-    put_word(code_word(t) & vm, pk, L, row, L.on);
+/* A group's fp16 scale and zero, rounded as the CPU rounds them. */
+__device__ __forceinline__ void group_params(float mn, float mx, float maxq, uint16_t *sh, uint16_t *zh) {
+    *sh = vq_cu_f2h(__fdiv_rn(__fsub_rn(mx, mn), maxq));
+    *zh = vq_cu_f2h(mn);
 }
 
-/* KIVI keys: each group of G tokens gets a per-channel (scale, zero). The
- * group passes through the tile in chunks of R rows; in a chunk, row slot
- * k folds rows [k R / tpw, (k + 1) R / tpw) (slot 0 continuing from the
- * earlier chunks, the others from +-inf) and the slots merge in order.
- * Then the codes, from the tile when the group fits in it, else staged
- * again (the rows are in L2 by now). */
+/* A packed row of BITS-bit codes has one plane of BITS-bit fields, or at 3
+ * bits a plane of the low 2 bits then a plane of the high bit (codes.cuh).
+ * Plane p: field width plane_bits, stride d * plane_bits / 8 bytes, first
+ * byte plane_at. */
+template <int BITS> __device__ __forceinline__ constexpr int n_planes() { return BITS == 3 ? 2 : 1; }
+template <int BITS> __device__ __forceinline__ constexpr int plane_bits(int p) { return BITS == 3 ? 2 - p : BITS; }
+__device__ __forceinline__ int plane_at(int p, int d) { return p ? d / 4 : 0; }
+
+/* Plane p's field of a code from code_bits() (only the low byte of its
+ * argument counts). */
+template <int BITS> __device__ __forceinline__ uint32_t plane_field(uint32_t c, int p) {
+    return BITS == 3 ? (p ? c >> 2 & 1 : c & 3) : c & ((1u << BITS) - 1);
+}
+
+/* A code from code_bits() with the group's mask: 2^BITS - 1 for a usable
+ * scale, else 0 (the CPU's code for such groups). */
+__device__ __forceinline__ uint32_t code_masked(float x, float s, float r, float z, float maxq, uint32_t mask) {
+    return code_bits(x, s, r, z, maxq) & mask;
+}
+
+/* The key channels of a lane: it builds bytes u = lane + 32 mb of each plane
+ * (mb < plane_bits: VQ_CU_MAX_DIM = 256 gives at most 256 b / 8 / 32 = b
+ * bytes a plane), and byte u of a plane of stride S holds the codes of
+ * channels u + S j, j < 8 / b. Slot k = 8 p + (8 / b) mb + j; 8 slots a
+ * plane. At 3 bits a channel's two fields lie in bytes of different lanes,
+ * so both lanes quantize it (the high-bit plane's lanes twice the work). */
+template <int BITS> struct key_slots {
+    static constexpr int N = 8 * n_planes<BITS>();
+    int ch[N];
+    int lane, S[n_planes<BITS>()];
+    /* whether the lane has slot k's byte */
+    __device__ __forceinline__ bool on(int k) const {
+        const int p = k / 8, b = plane_bits<BITS>(p);
+        return lane + 32 * (k % 8 / (8 / b)) < S[p];
+    }
+};
+
+template <int BITS> __device__ __forceinline__ key_slots<BITS> key_slots_for(int d, int lane) {
+    key_slots<BITS> K;
+    K.lane = lane;
+#pragma unroll
+    for (int p = 0; p < n_planes<BITS>(); p++) K.S[p] = d * plane_bits<BITS>(p) / 8;
+    /* one flat loop: trip counts that depend on an outer unrolled loop's
+     * variable are not known when the unrolling is decided */
+#pragma unroll
+    for (int k = 0; k < K.N; k++) {
+        const int p = k / 8, b = plane_bits<BITS>(p);
+        K.ch[k] = lane + 32 * (k % 8 / (8 / b)) + K.S[p] * (k % 8 % (8 / b));
+    }
+    return K;
+}
+
+/* Min and max of the lane's key channels over the G tokens from stream token
+ * g0, staged R rows at a time, with FMNMX (IN_ORDER false) or the CPU's fold.
+ * Returns whether this lane met a fold_again() case. */
+template <int BITS, bool IN_ORDER>
+__device__ __forceinline__ bool key_minmax(const vq_cu_append_args &a, bool al, int h, int g0, int G,
+                                           const key_slots<BITS> &K, const lanes &L, uint16_t *tile, bulk &B,
+                                           float mn[], float mx[]) {
+    const int R = tile_rows(a.d), pitch = a.d + 8;
+    bool again = false;
+    for (int c = 0; c < G; c += R) {
+        stage(a, al, h, g0 + c, R, false, L, tile, B);
+        int t = 0;
+        if (c == 0) {
+#pragma unroll
+            for (int k = 0; k < K.N; k++)
+                if (K.on(k)) {
+                    float x = vq_cu_h2f(tile[K.ch[k]]);
+                    mn[k] = mx[k] = x;
+                    again |= x != x;
+                }
+            t = 1;
+        }
+#pragma unroll(IN_ORDER ? 1 : 4) /* the in-order fold is rare: no registers for it */
+        for (; t < R; t++) {
+            const uint16_t *row = tile + t * pitch;
+#pragma unroll
+            for (int k = 0; k < K.N; k++)
+                if (K.on(k)) {
+                    float x = vq_cu_h2f(row[K.ch[k]]);
+                    mn[k] = IN_ORDER ? min_in_order(mn[k], x) : fminf(mn[k], x);
+                    mx[k] = IN_ORDER ? max_in_order(mx[k], x) : fmaxf(mx[k], x);
+                }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < K.N; k++)
+        if (K.on(k)) again |= mn[k] == 0.0f || mx[k] == 0.0f;
+    return again;
+}
+
+/* KIVI keys: each group of G tokens gets a per-channel (scale, zero). Pass
+ * 1 folds the lane's channels over the group's rows (FMNMX, then in order
+ * if any lane needs it), pass 2 codes each row's bytes of the lane from the
+ * tile (staged again when the group is taller than the tile; its rows are
+ * in L2 by then). A row's bytes of one lane-byte index are 32 consecutive
+ * bytes across the warp: one store instruction, one sector. */
+template <int BITS>
 __device__ void enc_kivi_keys(const vq_cu_append_args &a, bool al, const vq_cu_method &m, int h, int i0, int cnt,
                               const lanes &L, uint16_t *tile, bulk &B) {
     const int d = a.d, G = m.group, cb = m.code_bytes, R = tile_rows(d), pitch = d + 8;
-    const int per = R / L.tpw;
-    const float maxq = (float)((1 << m.bits) - 1);
-    const packer pk = packer_for(m.bits, d, L);
+    const float maxq = (float)((1 << BITS) - 1);
+    const key_slots<BITS> K = key_slots_for<BITS>(d, L.lane);
+    constexpr int N = key_slots<BITS>::N;
     for (int g0 = i0; g0 < i0 + cnt; g0 += G) {
-        float mn[8], mx[8];
-        for (int j = 0; j < 8; j++) mn[j] = INFINITY, mx[j] = -INFINITY;
+        float mn[N], mx[N];
+        if (__any_sync(FULL, key_minmax<BITS, false>(a, al, h, g0, G, K, L, tile, B, mn, mx)))
+            key_minmax<BITS, true>(a, al, h, g0, G, K, L, tile, B, mn, mx);
+        int t0;
+        uint8_t *blk = block_of(a, h, g0, &t0);
+        uint16_t *sc = (uint16_t *)(blk + (size_t)a.bt * cb) + (size_t)(t0 / G) * 2 * d;
+        /* keep[k0]: the fields of byte k0's channels with usable scales */
+        float s[N], r[N], z[N];
+        uint32_t keep[N];
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            if (!K.on(k)) continue;
+            const int b = plane_bits<BITS>(k / 8), j = k % 8 % (8 / b);
+            uint16_t sh, zh;
+            group_params(mn[k], mx[k], maxq, &sh, &zh);
+            s[k] = vq_cu_h2f(sh), z[k] = vq_cu_h2f(zh), r[k] = __frcp_rn(s[k]);
+            const uint32_t f = scale_ok(s[k]) ? ((1u << b) - 1) << (b * j) : 0;
+            keep[k - j] = j ? keep[k - j] | f : f;
+            if (k < 8) sc[K.ch[k]] = sh, sc[d + K.ch[k]] = zh; /* plane 0 holds every channel once */
+        }
         for (int c = 0; c < G; c += R) {
-            stage(a, al, h, g0 + c, R, false, L, tile, B);
-            if (L.sub > 0)
-                for (int j = 0; j < 8; j++) mn[j] = INFINITY, mx[j] = -INFINITY;
-            if (L.on) {
-#pragma unroll 4 /* per is a multiple of 4: the tile reads of 4 rows in flight */
-                for (int k = 0; k < per; k++) {
-                    float x[8];
-                    tile_row(tile, pitch, L.sub * per + k, true, L, x);
-                    bool first = c == 0 && L.sub == 0 && k == 0;
-                    for (int j = 0; j < 8; j++) {
-                        mn[j] = first ? x[j] : min_in_order(mn[j], x[j]);
-                        mx[j] = first ? x[j] : max_in_order(mx[j], x[j]);
+            if (G > R) stage(a, al, h, g0 + c, R, false, L, tile, B);
+#pragma unroll 2
+            for (int t = 0; t < R; t++) {
+                const uint16_t *row = tile + t * pitch;
+                uint8_t *out = blk + (size_t)(t0 + c + t) * cb;
+#pragma unroll
+                for (int p = 0; p < n_planes<BITS>(); p++) {
+                    const int b = plane_bits<BITS>(p);
+#pragma unroll
+                    for (int mb = 0; mb < 8; mb++) {
+                        if (mb >= b) break;
+                        const int k0 = 8 * p + (8 / b) * mb;
+                        if (!K.on(k0)) continue;
+                        uint32_t byte = 0;
+#pragma unroll
+                        for (int j = 0; j < 8; j++) {
+                            if (j >= 8 / b) break; /* a constant trip count (above) */
+                            const int k = k0 + j;
+                            uint32_t code = code_bits(vq_cu_h2f(row[K.ch[k]]), s[k], r[k], z[k], maxq);
+                            byte |= plane_field<BITS>(code, p) << (b * j);
+                        }
+                        out[plane_at(p, d) + L.lane + 32 * mb] = (uint8_t)(byte & keep[k0]);
                     }
                 }
             }
-            for (int k = 1; k < L.tpw; k *= 2) {
-                bool late = L.sub & k;
-                for (int j = 0; j < 8; j++) {
-                    float omn = __shfl_xor_sync(FULL, mn[j], k * L.lpt), omx = __shfl_xor_sync(FULL, mx[j], k * L.lpt);
-                    mn[j] = late ? min_in_order(omn, mn[j]) : min_in_order(mn[j], omn);
-                    mx[j] = late ? max_in_order(omx, mx[j]) : max_in_order(mx[j], omx);
+        }
+    }
+}
+
+/* One chunk of n <= tile_rows rows (stream tokens c ..) of KIVI values, a
+ * lane per row: the row's groups' min and max (HMNMX2 on the tile's fp16
+ * pairs), their (scale, zero) into the block and into prm ([group][lane],
+ * since a byte's channels u + S j fall in different groups), then the
+ * packed row 8 bytes at a time. Lanes from n on have no row. */
+template <int BITS>
+__device__ void vals_chunk(const vq_cu_append_args &a, const vq_cu_method &m, int h, int c, int n, int lane,
+                           const uint16_t *tile, float4 *prm) {
+    const int d = a.d, G = m.group, cb = m.code_bytes, ng = (d + G - 1) / G, pitch = d + 8;
+    const int gshift = __ffs(G) - 1; /* G is a power of two */
+    const float maxq = (float)((1 << BITS) - 1);
+    if (lane >= n) return;
+    int t;
+    uint8_t *blk = block_at(a, h, cursor_at(a, c), lane, &t) + a.k_bytes;
+    uint8_t *out = blk + (size_t)t * cb;
+    uint32_t *meta = (uint32_t *)(blk + (size_t)a.bt * cb) + (size_t)t * ng;
+    const uint16_t *row = tile + lane * pitch;
+    for (int g = 0; g < ng; g++) {
+        const int c0 = g * G, c1 = c0 + G < d ? c0 + G : d;
+        __half2 lo = __float2half2_rn(INFINITY), hi = __float2half2_rn(-INFINITY);
+        for (int cc = c0; cc < c1; cc += 8) {
+            const uint4 w = *(const uint4 *)(row + cc);
+            const __half2 *x = reinterpret_cast<const __half2 *>(&w);
+            lo = __hmin2(lo, __hmin2(__hmin2(x[0], x[1]), __hmin2(x[2], x[3])));
+            hi = __hmax2(hi, __hmax2(__hmax2(x[0], x[1]), __hmax2(x[2], x[3])));
+        }
+        float mn = __half2float(__hmin(__low2half(lo), __high2half(lo)));
+        float mx = __half2float(__hmax(__low2half(hi), __high2half(hi)));
+        const float first = vq_cu_h2f(row[c0]);
+        if (fold_again(first, mn, mx)) {
+            mn = mx = first;
+            for (int cc = c0 + 1; cc < c1; cc++) {
+                float x = vq_cu_h2f(row[cc]);
+                mn = min_in_order(mn, x);
+                mx = max_in_order(mx, x);
+            }
+        }
+        uint16_t sh, zh;
+        group_params(mn, mx, maxq, &sh, &zh);
+        meta[g] = sh | (uint32_t)zh << 16;
+        const float s = vq_cu_h2f(sh);
+        prm[g * 32 + lane] =
+            make_float4(s, __frcp_rn(s), vq_cu_h2f(zh), __uint_as_float(scale_ok(s) ? (1u << BITS) - 1 : 0));
+    }
+#pragma unroll
+    for (int p = 0; p < n_planes<BITS>(); p++) {
+        const int b = plane_bits<BITS>(p), S = d * b / 8;
+#pragma unroll 1
+        for (int u0 = 0; u0 < S; u0 += 8) {
+            uint32_t w[2] = {0, 0};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (j >= 8 / b) break; /* a constant trip count (key_slots_for) */
+                const int cc = u0 + S * j;
+                const float4 q = prm[(cc >> gshift) * 32 + lane];
+                float x[8];
+                to_float8(*(const uint4 *)(row + cc), x);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    uint32_t code = code_masked(x[e], q.x, q.y, q.z, maxq, __float_as_uint(q.w));
+                    w[e / 4] |= plane_field<BITS>(code, p) << (8 * (e % 4) + b * j);
                 }
             }
-        }
-        float s[8], rc[8], z[8];
-        unsigned long long vm;
-        int t0;
-        uint8_t *blk = key_params(a, m, h, g0, L, mn, mx, s, rc, z, &vm, &t0);
-        for (int c = 0; c < G; c += R) {
-            if (G > R) stage(a, al, h, g0 + c, R, false, L, tile, B);
-#pragma unroll 1
-            for (int k = 0; k < per; k++) {
-                float x[8];
-                tile_row(tile, pitch, L.sub * per + k, L.on, L, x);
-                key_row(x, s, rc, z, vm, maxq, pk, L, blk + (size_t)(t0 + c + L.sub * per + k) * cb);
-            }
+            *(uint2 *)(out + plane_at(p, d) + u0) = make_uint2(w[0], w[1]);
         }
     }
 }
 
-/* One chunk of n <= 32 rows (stream tokens c ..) of KIVI values, from a
- * tile. */
-__device__ __forceinline__ void vals_chunk(const vq_cu_append_args &a, const vq_cu_method &m, int h, int c, int n,
-                                           const lanes &L, const uint16_t *tile, const packer &pk) {
-    const int d = a.d, G = m.group, bits = m.bits, cb = m.code_bytes, ng = (d + G - 1) / G;
-    const int pitch = d + 8, lpg = (G < d ? G : d) / 8;
-    const bool lead = L.c0 % G == 0; /* holds the group's first channel */
-    const float maxq = (float)((1 << bits) - 1);
-    const cursor at = cursor_at(a, c);
-#pragma unroll 1
-    for (int r = 0; r < n; r += L.tpw) {
-        int row = r + L.sub;
-        bool ok = L.on && row < n;
-        float x[8];
-        tile_row(tile, pitch, row, ok, L, x);
-        float mn = INFINITY, mx = -INFINITY;
-        for (int j = 0; j < 8; j++) {
-            bool first = lead && j == 0;
-            mn = first ? x[j] : min_in_order(mn, x[j]);
-            mx = first ? x[j] : max_in_order(mx, x[j]);
-        }
-        if (!ok) mn = INFINITY, mx = -INFINITY;
-        for (int k = 1; k < lpg; k *= 2) {
-            float omn = __shfl_xor_sync(FULL, mn, k), omx = __shfl_xor_sync(FULL, mx, k);
-            bool late = L.lane & k;
-            mn = late ? min_in_order(omn, mn) : min_in_order(mn, omn);
-            mx = late ? max_in_order(omx, mx) : max_in_order(mx, omx);
-        }
-        uint16_t sh = vq_cu_f2h(__fdiv_rn(__fsub_rn(mx, mn), maxq)), zh = vq_cu_f2h(mn);
-        const float s1 = vq_cu_h2f(sh), z1 = vq_cu_h2f(zh), r1 = __frcp_rn(s1);
-        int t = 0;
-        uint8_t *blk = ok ? block_at(a, h, at, row, &t) + a.k_bytes : NULL;
-        uint32_t tb[8];
-        for (int j = 0; j < 8; j++) tb[j] = code_bits(x[j], s1, r1, z1, maxq);
-        unsigned long long w = scale_ok(s1) ? code_word(tb) : 0;
-        put_word(w, pk, L, ok ? blk + (size_t)t * cb : NULL, ok);
-        if (ok && lead)
-            *(uint32_t *)(blk + (size_t)a.bt * cb + ((size_t)t * ng + L.c0 / G) * 4) = sh | (uint32_t)zh << 16;
-    }
-}
-
-/* KIVI values: each token's channels in groups of G get a (scale, zero);
- * a group spans G / 8 lanes of the row (the last group of d = 192 with
- * G = 128 spans 8 lanes and 8 idle ones, which contribute +-inf). */
+/* KIVI values: each token's channels in groups of G (the last one shorter
+ * when G does not divide d) get a (scale, zero). */
+template <int BITS>
 __device__ void enc_kivi_values(const vq_cu_append_args &a, bool al, const vq_cu_method &m, int h, int i0, int cnt,
-                                const lanes &L, uint16_t *tile, bulk &B) {
+                                const lanes &L, uint16_t *tile, float4 *prm, bulk &B) {
     const int R = tile_rows(a.d);
-    const packer pk = packer_for(m.bits, a.d, L);
     for (int c = i0; c < i0 + cnt; c += R) {
         const int n = i0 + cnt - c < R ? i0 + cnt - c : R;
         stage(a, al, h, c, n, true, L, tile, B);
-        vals_chunk(a, m, h, c, n, L, tile, pk);
+        vals_chunk<BITS>(a, m, h, c, n, L.lane, tile, prm);
+    }
+}
+
+/* A KIVI item with the method's bits as a compile-time constant. */
+template <int BITS>
+__device__ __forceinline__ void enc_kivi_bits(const vq_cu_append_args &a, bool al, const vq_cu_method &m, bool value,
+                                              int h, int i0, int cnt, const lanes &L, uint16_t *tile, float4 *prm,
+                                              bulk &B) {
+    if (value) enc_kivi_values<BITS>(a, al, m, h, i0, cnt, L, tile, prm, B);
+    else enc_kivi_keys<BITS>(a, al, m, h, i0, cnt, L, tile, B);
+}
+
+__device__ __forceinline__ void enc_kivi(const vq_cu_append_args &a, bool al, const vq_cu_method &m, bool value, int h,
+                                         int i0, int cnt, const lanes &L, uint16_t *tile, float4 *prm, bulk &B) {
+    switch (m.bits) {
+    case 2: enc_kivi_bits<2>(a, al, m, value, h, i0, cnt, L, tile, prm, B); break;
+    case 3: enc_kivi_bits<3>(a, al, m, value, h, i0, cnt, L, tile, prm, B); break;
+    case 4: enc_kivi_bits<4>(a, al, m, value, h, i0, cnt, L, tile, prm, B); break;
+    default: enc_kivi_bits<8>(a, al, m, value, h, i0, cnt, L, tile, prm, B); break;
     }
 }
 
@@ -593,10 +712,16 @@ __device__ void enc_tq_mse(const vq_cu_append_args &a, bool al, const vq_cu_meth
     }
 }
 
+/* The kernel is compiled once per set of quantizers that a cache's K and V
+ * use (PATHS: PATH_KIVI | PATH_TQ, 0 for fp16 alone), so that each instance
+ * holds, and allocates registers for, only the paths it runs. */
+enum { PATH_KIVI = 1, PATH_TQ = 2 };
+
 /* One item: a (head, unit, K or V) of the encoded tokens, or a (head,
  * unit) of the window. */
+template <int PATHS>
 __device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, int unit, int enc_units, bool aligned,
-                                         const lanes &L, uint16_t *tile, float (*bnd)[16], bulk &B) {
+                                         const lanes &L, uint16_t *tile, float4 *prm, float (*bnd)[16], bulk &B) {
     const int enc_tokens = a.flushes * a.flush, enc_items = 2 * enc_units * a.H;
     if (item < enc_items) {
         const bool value = item & 1;
@@ -605,9 +730,8 @@ __device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, i
         const vq_cu_method &m = value ? a.mv : a.mk;
         const size_t off = value ? a.k_bytes : 0;
         if (m.kind == VQ_CU_FP16) enc_fp16(a, aligned, off, value, h, i0, cnt, L);
-        else if (m.kind == VQ_CU_KIVI && value) enc_kivi_values(a, aligned, m, h, i0, cnt, L, tile, B);
-        else if (m.kind == VQ_CU_KIVI) enc_kivi_keys(a, aligned, m, h, i0, cnt, L, tile, B);
-        else enc_tq_mse(a, aligned, m, off, value, h, i0, cnt, L, tile, bnd[value], B);
+        else if ((PATHS & PATH_KIVI) && m.kind == VQ_CU_KIVI) enc_kivi(a, aligned, m, value, h, i0, cnt, L, tile, prm, B);
+        else if (PATHS & PATH_TQ) enc_tq_mse(a, aligned, m, off, value, h, i0, cnt, L, tile, bnd[value], B);
         if (!value)
             for (int t = L.lane; t < cnt; t += 32) {
                 int tb;
@@ -643,10 +767,13 @@ __device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, i
         a.new_pos[(size_t)h * a.win_cap + dst0 + j0 + t] = pos_of(a, h, src0 + j0 + t);
 }
 
-/* at most 128 registers: 4 thread blocks (16 warps) per SM */
+/* At most 128 registers: 4 thread blocks (16 warps) per SM. KIVI alone at
+ * 5 blocks (96 registers) spilled in the key paths and took 20-30 % longer
+ * on an H200. */
+template <int PATHS>
 __global__ void __launch_bounds__(WARPS * 32, 4)
     append_kernel(const __grid_constant__ vq_cu_append_args a, int unit, int enc_units, int items, bool aligned) {
-    extern __shared__ uint4 tiles[]; /* quantizers: one tile per warp */
+    extern __shared__ uint4 tiles[]; /* quantizers: one tile per warp, then one prm per warp */
     __shared__ float bnd[2][16];     /* tq-mse boundaries, k then v */
     __shared__ uint64_t bars[WARPS]; /* one mbarrier per warp for its bulk copies */
     const int warp = threadIdx.x / 32;
@@ -660,8 +787,25 @@ __global__ void __launch_bounds__(WARPS * 32, 4)
     __syncthreads();
     const lanes L = lanes_for(a.d);
     uint16_t *tile = (uint16_t *)tiles + (size_t)warp * tile_rows(a.d) * (a.d + 8);
+    float4 *prm = (float4 *)((uint16_t *)tiles + (size_t)WARPS * tile_rows(a.d) * (a.d + 8)) +
+                  (size_t)warp * value_groups(a) * 32;
     const int item = blockIdx.x * WARPS + warp;
-    if (item < items) run_item(a, item, unit, enc_units, aligned, L, tile, bnd, B);
+    if (item < items) run_item<PATHS>(a, item, unit, enc_units, aligned, L, tile, prm, bnd, B);
+}
+
+template <int PATHS>
+static cudaError_t launch(const vq_cu_append_args *a, int unit, int enc_units, long long items, bool aligned,
+                          size_t smem) {
+    /* above the default 48 KB only at d = 256 with value groups of 32; 4
+     * blocks still fit an SM */
+    if (smem > 48 * 1024) {
+        cudaError_t e =
+            cudaFuncSetAttribute(append_kernel<PATHS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+    }
+    append_kernel<PATHS><<<(unsigned)((items + WARPS - 1) / WARPS), WARPS * 32, smem>>>(*a, unit, enc_units,
+                                                                                    (int)items, aligned);
+    return cudaGetLastError();
 }
 
 cudaError_t vq_cu_launch_append(const vq_cu_append_args *a) {
@@ -676,8 +820,14 @@ cudaError_t vq_cu_launch_append(const vq_cu_append_args *a) {
     if (items == 0) return cudaSuccess;
     bool quant = a->mk.kind != VQ_CU_FP16 || a->mv.kind != VQ_CU_FP16;
     size_t smem = quant ? (size_t)WARPS * tile_rows(a->d) * (a->d + 8) * sizeof(uint16_t) : 0;
+    smem += (size_t)WARPS * value_groups(*a) * 32 * sizeof(float4);
     bool aligned = ((uintptr_t)a->k | (uintptr_t)a->v) % 16 == 0;
-    append_kernel<<<(unsigned)((items + WARPS - 1) / WARPS), WARPS * 32, smem>>>(*a, unit, enc_units, (int)items,
-                                                                             aligned);
-    return cudaGetLastError();
+    const int paths = (a->mk.kind == VQ_CU_KIVI || a->mv.kind == VQ_CU_KIVI ? PATH_KIVI : 0) |
+                      (a->mk.kind == VQ_CU_TQ_MSE || a->mv.kind == VQ_CU_TQ_MSE ? PATH_TQ : 0);
+    switch (paths) {
+    case 0: return launch<0>(a, unit, enc_units, items, aligned, smem);
+    case PATH_KIVI: return launch<PATH_KIVI>(a, unit, enc_units, items, aligned, smem);
+    case PATH_TQ: return launch<PATH_TQ>(a, unit, enc_units, items, aligned, smem);
+    default: return launch<PATH_KIVI | PATH_TQ>(a, unit, enc_units, items, aligned, smem);
+    }
 }
