@@ -444,18 +444,29 @@ static NOINLINE void score_prefolded(score_fn *fn, const vq_code_part *parts, co
     }
 }
 
-bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
-                         const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
-                         float *scratch) {
-    float tabs[2 * 16];
-    int kind[2];
+/* What both kernels do first: checks that the AVX2 path covers the parts
+ * (false: the caller takes the scalar path), picks each part's kind and
+ * whether the codes are folded before the loops (*pre), and fills the
+ * lookup tables, 16 floats per part. */
+static bool prepare_parts(const vq_code_part *parts, int nparts, size_t cb, int kind[2], float tabs[2 * 16],
+                          bool *pre) {
     if (nparts > 2) return false;
     for (int k = 0; k < nparts; k++) {
         if (!part_covered(&parts[k])) return false;
         kind[k] = part_kind(&parts[k], nparts);
     }
-    bool pre = prefold(parts, nparts, cb, kind);
+    *pre = prefold(parts, nparts, cb, kind);
     for (int k = 0; k < nparts; k++) part_tables(&parts[k], kind[k], tabs + 16 * k);
+    return true;
+}
+
+bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
+                         const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
+                         float *scratch) {
+    float tabs[2 * 16];
+    int kind[2];
+    bool pre;
+    if (!prepare_parts(parts, nparts, cb, kind, tabs, &pre)) return false;
     score_fn *fn = score_pick(parts, nparts, kind);
     if (pre) score_prefolded(fn, parts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
     else fn(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
@@ -610,13 +621,8 @@ bool vq_codes_accum_avx2(const vq_code_part *parts, int nparts, const uint8_t *c
                          const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
     float tabs[2 * 16];
     int kind[2];
-    if (nparts > 2) return false;
-    for (int k = 0; k < nparts; k++) {
-        if (!part_covered(&parts[k])) return false;
-        kind[k] = part_kind(&parts[k], nparts);
-    }
-    bool pre = prefold(parts, nparts, cb, kind);
-    for (int k = 0; k < nparts; k++) part_tables(&parts[k], kind[k], tabs + 16 * k);
+    bool pre;
+    if (!prepare_parts(parts, nparts, cb, kind, tabs, &pre)) return false;
     accum_fn *fn = accum_pick(parts, nparts, kind);
     if (pre) accum_prefolded(fn, parts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d);
     else fn(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d);
