@@ -356,9 +356,10 @@ int main(int argc, char **argv) {
         {"kivi:bits=3,group=64", 8, 2, 192, 400, 1, VQ_BF16, 0, 0},
         {"fp16", 8, 2, 192, 200, 1, VQ_F32, 0, 0},
         {"kivi:bits=4,group=128", 8, 2, 64, 600, 2, VQ_BF16, 0, 0},
-        /* KIVI lanes per packed byte: 16 busy lanes for 2-bit keys at d = 64
-         * and 3-bit high-bit planes at d <= 128; d = 256 with 8 value groups
-         * of parameters per warp (over 48 KB of shared memory a block) */
+        /* KIVI keys at d = 64 (one channel pair a lane in the fold) and
+         * d = 256 (four; key groups coded from 16-row tiles by 16 lanes);
+         * d = 256 with 8 value groups of parameters per warp (over 48 KB of
+         * shared memory a block) */
         {"kivi:bits=2,group=64", 8, 2, 64, 400, 2, VQ_F16, 0, 0},
         {"kivi:bits=3,group=32", 8, 2, 64, 400, 2, VQ_F16, 0, 0},
         {"kivi:bits=2,group=32", 8, 2, 256, 600, 2, VQ_F16, 0, 0},

@@ -12,11 +12,11 @@
  * the warp's shared tile (by the bulk-copy engine when the rows are fp16 on
  * 16-byte boundaries: one instruction per row, every row in flight at once;
  * else through registers, 8 rows in flight per lane) and work from there:
- * - KIVI gives each lane whole bytes of the packed rows (codes.cuh's planes
- *   layout) and whole (scale, zero) groups, so lanes never exchange data:
- *   for keys a lane owns the channels of bytes lane, lane + 32, ... of every
- *   token's row and folds them over the group's tokens; for values a lane
- *   owns a token row.
+ * - KIVI codes a whole packed row per lane (codes.cuh's planes layout)
+ *   from (scale, 1 / scale, zero) in the warp's shared memory, so lanes
+ *   never exchange data: for values a lane first folds its own row's
+ *   groups; for keys a lane folds its channel pairs over the group's
+ *   tokens, then the warp shares the per-channel parameters.
  * - tq-mse keeps 8 channels of a row per lane: the Hadamard transform and
  *   the packing of codes are shuffles between the lanes of a row (a lane's
  *   8 codes fill one 8-byte word of a plane, and the lanes that share those
@@ -42,10 +42,13 @@
  * dim 128, 16 above, so a tile stays under 9 KB. */
 static __host__ __device__ int tile_rows(int d) { return d <= 128 ? 32 : 16; }
 
-/* KIVI value groups of a row, whose parameters a warp keeps in shared
- * memory (32 x 16 bytes each) between its two passes; 0 for other values. */
-static __host__ __device__ int value_groups(const vq_cu_append_args &a) {
-    return a.mv.kind == VQ_CU_KIVI ? (a.d + a.mv.group - 1) / a.mv.group : 0;
+/* The KIVI parameters (16 bytes each) a warp keeps in shared memory for
+ * pack_row: 32 rows' per value group, or one per key channel; 0 without
+ * KIVI. */
+static __host__ __device__ int prm_slots(const vq_cu_append_args &a) {
+    const int v = a.mv.kind == VQ_CU_KIVI ? 32 * ((a.d + a.mv.group - 1) / a.mv.group) : 0;
+    const int k = a.mk.kind == VQ_CU_KIVI ? a.d : 0;
+    return v > k ? v : k;
 }
 
 /* A lane's place in a warp: it holds channels [c0, c0 + 8) of row slot
@@ -360,10 +363,11 @@ __device__ __forceinline__ void tile_row(const uint16_t *tile, int pitch, int ro
     to_float8(ok ? *(const uint4 *)(tile + row * pitch + L.c0) : make_uint4(0, 0, 0, 0), x);
 }
 
-/* KIVI, a lane per packed byte (keys) or per token (values): each lane
- * builds whole bytes of the packed rows from whole (scale, zero) groups, so
- * no lane waits for another (no shuffles), and the min and max folds run in
- * the lane. */
+/* KIVI: each lane codes whole packed rows, a tile row per lane, from
+ * parameters in the warp's shared prm (pack_row), so no lane waits for
+ * another (no shuffles); the min and max folds run in the lane, over a
+ * token's channel groups for values and over a key group's rows for the
+ * lane's key channels. */
 
 /* The CPU's in-order min and max of a group equal FMNMX's (fminf, fmaxf;
  * HMNMX2 on fp16 pairs) except when the result is a zero (+0 and -0 compare
@@ -374,9 +378,43 @@ __device__ __forceinline__ bool fold_again(float first, float mn, float mx) {
     return mn == 0.0f || mx == 0.0f || first != first;
 }
 
+/* __frcp_rn and __fdiv_rn are a fast path plus a slow one (denormal, huge
+ * or special operands) that is a called subroutine, and ptxas saves live
+ * registers around every call site. The operands here never need the slow
+ * path, so both are written out. */
+
+/* RN(1 / s) for a scale s: the approximate reciprocal and one Newton step,
+ * equal to __frcp_rn for every positive finite fp16 value (checked
+ * exhaustively on an H200). Other s (0, inf, NaN) only occur with
+ * !scale_ok(s), whose codes are masked to 0. */
+__device__ __forceinline__ float rcp_scale(float s) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+    return __fmaf_rn(r, __fmaf_rn(-s, r, 1.0f), r);
+}
+
+/* RN(x / q) for x = max - min of a group (>= 0, or inf or NaN, passed
+ * through as the division would) and q = 2^BITS - 1, without a division.
+ * Markstein's correction from q's rounded reciprocal (as in code_bits) is
+ * within an ulp of x / q; of it and its two neighbours the rounded quotient
+ * is the one with the smallest remainder |x - q y|, exact in one FMA (x and
+ * q y are multiples of the smallest of their ulps, and the remainder is
+ * under 2 q of them); no two are equally near (a midpoint times the odd q
+ * would need more than 24 bits). Equal to __fdiv_rn for every x from two
+ * fp16 values (checked exhaustively on an H200; the correction alone
+ * differs only at x = -0, returned unchanged here). */
+template <int BITS> __device__ __forceinline__ float div_maxq(float x) {
+    constexpr float q = (float)((1 << BITS) - 1), rq = 1.0f / q;
+    if (!(x > 0 && x < INFINITY)) return x; /* 0, inf, NaN */
+    const float y0 = __fmul_rn(x, rq), y = __fmaf_rn(__fmaf_rn(-q, y0, x), rq, y0);
+    const float lo = __uint_as_float(__float_as_uint(y) - 1), hi = __uint_as_float(__float_as_uint(y) + 1);
+    const float e = fabsf(__fmaf_rn(-q, y, x)), elo = fabsf(__fmaf_rn(-q, lo, x)), ehi = fabsf(__fmaf_rn(-q, hi, x));
+    return elo < e ? lo : ehi < e ? hi : y;
+}
+
 /* A group's fp16 scale and zero, rounded as the CPU rounds them. */
-__device__ __forceinline__ void group_params(float mn, float mx, float maxq, uint16_t *sh, uint16_t *zh) {
-    *sh = vq_cu_f2h(__fdiv_rn(__fsub_rn(mx, mn), maxq));
+template <int BITS> __device__ __forceinline__ void group_params(float mn, float mx, uint16_t *sh, uint16_t *zh) {
+    *sh = vq_cu_f2h(div_maxq<BITS>(__fsub_rn(mx, mn)));
     *zh = vq_cu_f2h(mn);
 }
 
@@ -400,157 +438,155 @@ __device__ __forceinline__ uint32_t code_masked(float x, float s, float r, float
     return code_bits(x, s, r, z, maxq) & mask;
 }
 
-/* The key channels of a lane: it builds bytes u = lane + 32 mb of each plane
- * (mb < plane_bits: VQ_CU_MAX_DIM = 256 gives at most 256 b / 8 / 32 = b
- * bytes a plane), and byte u of a plane of stride S holds the codes of
- * channels u + S j, j < 8 / b. Slot k = 8 p + (8 / b) mb + j; 8 slots a
- * plane. At 3 bits a channel's two fields lie in bytes of different lanes,
- * so both lanes quantize it (the high-bit plane's lanes twice the work). */
-template <int BITS> struct key_slots {
-    static constexpr int N = 8 * n_planes<BITS>();
-    int ch[N];
-    int lane, S[n_planes<BITS>()];
-    /* whether the lane has slot k's byte */
-    __device__ __forceinline__ bool on(int k) const {
-        const int p = k / 8, b = plane_bits<BITS>(p);
-        return lane + 32 * (k % 8 / (8 / b)) < S[p];
-    }
-};
-
-template <int BITS> __device__ __forceinline__ key_slots<BITS> key_slots_for(int d, int lane) {
-    key_slots<BITS> K;
-    K.lane = lane;
+/* A packed row of KIVI codes from its tile row, one lane per row, 8 bytes
+ * (one store) at a time: byte u of a plane of stride S holds channels
+ * u + S j, j < 8 / b, so 8 consecutive bytes take one 16-byte tile read
+ * (pitch d + 8: conflict-free for a lane per row) per j. The parameters
+ * (scale, 1 / scale, zero, code mask) come from prm: per channel for keys
+ * (prm[c], the same for every row: broadcast reads), per value group and
+ * row for values (prm[group * 32 + lane]: a byte's channels fall in
+ * different groups). */
+template <int BITS, bool KEYS>
+__device__ __forceinline__ void pack_row(const uint16_t *row, uint8_t *out, const float4 *prm, int d, int gshift,
+                                         int lane) {
+    const float maxq = (float)((1 << BITS) - 1);
 #pragma unroll
-    for (int p = 0; p < n_planes<BITS>(); p++) K.S[p] = d * plane_bits<BITS>(p) / 8;
-    /* one flat loop: trip counts that depend on an outer unrolled loop's
-     * variable are not known when the unrolling is decided */
+    for (int p = 0; p < n_planes<BITS>(); p++) {
+        const int b = plane_bits<BITS>(p), S = d * b / 8;
+#pragma unroll 1
+        for (int u0 = 0; u0 < S; u0 += 8) {
+            uint32_t w[2] = {0, 0};
 #pragma unroll
-    for (int k = 0; k < K.N; k++) {
-        const int p = k / 8, b = plane_bits<BITS>(p);
-        K.ch[k] = lane + 32 * (k % 8 / (8 / b)) + K.S[p] * (k % 8 % (8 / b));
+            for (int j = 0; j < 8; j++) {
+                if (j >= 8 / b) break; /* a constant trip count */
+                const int cc = u0 + S * j;
+                const float4 qg = KEYS ? make_float4(0, 0, 0, 0) : prm[(cc >> gshift) * 32 + lane];
+                float x[8];
+                to_float8(*(const uint4 *)(row + cc), x);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const float4 q = KEYS ? prm[cc + e] : qg;
+                    uint32_t code = code_masked(x[e], q.x, q.y, q.z, maxq, __float_as_uint(q.w));
+                    w[e / 4] |= plane_field<BITS>(code, p) << (8 * (e % 4) + b * j);
+                }
+            }
+            *(uint2 *)(out + plane_at(p, d) + u0) = make_uint2(w[0], w[1]);
+        }
     }
-    return K;
 }
 
-/* Min and max of the lane's key channels over the G tokens from stream token
- * g0, staged R rows at a time, with FMNMX (IN_ORDER false) or the CPU's fold.
- * Returns whether this lane met a fold_again() case. */
-template <int BITS, bool IN_ORDER>
-__device__ __forceinline__ bool key_minmax(const vq_cu_append_args &a, bool al, int h, int g0, int G,
-                                           const key_slots<BITS> &K, const lanes &L, uint16_t *tile, bulk &B,
-                                           float mn[], float mx[]) {
-    const int R = tile_rows(a.d), pitch = a.d + 8;
-    bool again = false;
+/* A group's parameters for pack_row: the fp16 scale and zero from its min
+ * and max, 1 / scale, and the mask that zeroes the codes of an unusable
+ * scale. */
+template <int BITS> __device__ __forceinline__ float4 code_params(float mn, float mx, uint16_t *sh, uint16_t *zh) {
+    group_params<BITS>(mn, mx, sh, zh);
+    const float s = vq_cu_h2f(*sh);
+    return make_float4(s, rcp_scale(s), vq_cu_h2f(*zh), __uint_as_float(scale_ok(s) ? (1u << BITS) - 1 : 0));
+}
+
+#define KEY_PAIRS (VQ_CU_MAX_DIM / 64) /* key channel pairs a lane folds: d / 64 */
+
+/* Min and max of the lane's key channels 2 (lane + 32 i) + e over the G
+ * rows from stream token g0, staged R rows at a time: HMNMX2 on the fp16
+ * pairs (one 32-bit tile read per pair and row), or (IN_ORDER) the CPU's
+ * fold channel by channel. Returns whether the lane met a fold_again()
+ * case. */
+template <bool IN_ORDER>
+__device__ __forceinline__ bool key_minmax(const vq_cu_append_args &a, bool al, int h, int g0, int G, const lanes &L,
+                                           uint16_t *tile, bulk &B, float (*mn)[2], float (*mx)[2]) {
+    const int R = tile_rows(a.d), pitch = a.d + 8, np = a.d / 64;
+    __half2 lo[KEY_PAIRS], hi[KEY_PAIRS], first[KEY_PAIRS];
+#pragma unroll
+    for (int i = 0; i < KEY_PAIRS; i++) lo[i] = __float2half2_rn(INFINITY), hi[i] = __float2half2_rn(-INFINITY);
     for (int c = 0; c < G; c += R) {
         stage(a, al, h, g0 + c, R, false, L, tile, B);
-        int t = 0;
-        if (c == 0) {
-#pragma unroll
-            for (int k = 0; k < K.N; k++)
-                if (K.on(k)) {
-                    float x = vq_cu_h2f(tile[K.ch[k]]);
-                    mn[k] = mx[k] = x;
-                    again |= x != x;
-                }
-            t = 1;
-        }
 #pragma unroll(IN_ORDER ? 1 : 4) /* the in-order fold is rare: no registers for it */
-        for (; t < R; t++) {
-            const uint16_t *row = tile + t * pitch;
+        for (int t = 0; t < R; t++) {
+            const __half2 *row = (const __half2 *)(tile + t * pitch) + L.lane;
 #pragma unroll
-            for (int k = 0; k < K.N; k++)
-                if (K.on(k)) {
-                    float x = vq_cu_h2f(row[K.ch[k]]);
-                    mn[k] = IN_ORDER ? min_in_order(mn[k], x) : fminf(mn[k], x);
-                    mx[k] = IN_ORDER ? max_in_order(mx[k], x) : fmaxf(mx[k], x);
+            for (int i = 0; i < KEY_PAIRS; i++) {
+                if (i >= np) break;
+                const __half2 x = row[32 * i];
+                if (!IN_ORDER) {
+                    lo[i] = __hmin2(lo[i], x), hi[i] = __hmax2(hi[i], x);
+                    if (c == 0 && t == 0) first[i] = x;
+                } else if (c == 0 && t == 0) {
+                    mn[i][0] = mx[i][0] = __low2float(x);
+                    mn[i][1] = mx[i][1] = __high2float(x);
+                } else {
+                    mn[i][0] = min_in_order(mn[i][0], __low2float(x));
+                    mx[i][0] = max_in_order(mx[i][0], __low2float(x));
+                    mn[i][1] = min_in_order(mn[i][1], __high2float(x));
+                    mx[i][1] = max_in_order(mx[i][1], __high2float(x));
                 }
+            }
         }
     }
+    bool again = false;
+    if (!IN_ORDER)
 #pragma unroll
-    for (int k = 0; k < K.N; k++)
-        if (K.on(k)) again |= mn[k] == 0.0f || mx[k] == 0.0f;
+        for (int i = 0; i < KEY_PAIRS; i++) {
+            if (i >= np) break;
+            mn[i][0] = __low2float(lo[i]), mn[i][1] = __high2float(lo[i]);
+            mx[i][0] = __low2float(hi[i]), mx[i][1] = __high2float(hi[i]);
+            again |= fold_again(__low2float(first[i]), mn[i][0], mx[i][0]);
+            again |= fold_again(__high2float(first[i]), mn[i][1], mx[i][1]);
+        }
     return again;
 }
 
 /* KIVI keys: each group of G tokens gets a per-channel (scale, zero). Pass
- * 1 folds the lane's channels over the group's rows (FMNMX, then in order
- * if any lane needs it), pass 2 codes each row's bytes of the lane from the
- * tile (staged again when the group is taller than the tile; its rows are
- * in L2 by then). A row's bytes of one lane-byte index are 32 consecutive
- * bytes across the warp: one store instruction, one sector. */
+ * 1 folds the lane's channel pairs over the group's rows (key_minmax, in
+ * order when any lane needs it) and puts the channels' parameters into prm
+ * (and their fp16 scales and zeros into the block, a pair per 32-bit
+ * store); pass 2 codes one tile row per lane with pack_row (the tile is
+ * staged again when the group is taller than it; its rows are in L2 by
+ * then): one 16-byte tile read per 8 channels, the parameters by broadcast
+ * reads, and no per-channel registers (8 channels a lane spilled). */
 template <int BITS>
 __device__ void enc_kivi_keys(const vq_cu_append_args &a, bool al, const vq_cu_method &m, int h, int i0, int cnt,
-                              const lanes &L, uint16_t *tile, bulk &B) {
-    const int d = a.d, G = m.group, cb = m.code_bytes, R = tile_rows(d), pitch = d + 8;
-    const float maxq = (float)((1 << BITS) - 1);
-    const key_slots<BITS> K = key_slots_for<BITS>(d, L.lane);
-    constexpr int N = key_slots<BITS>::N;
+                              const lanes &L, uint16_t *tile, float4 *prm, bulk &B) {
+    const int d = a.d, G = m.group, cb = m.code_bytes, R = tile_rows(d), pitch = d + 8, np = d / 64;
     for (int g0 = i0; g0 < i0 + cnt; g0 += G) {
-        float mn[N], mx[N];
-        if (__any_sync(FULL, key_minmax<BITS, false>(a, al, h, g0, G, K, L, tile, B, mn, mx)))
-            key_minmax<BITS, true>(a, al, h, g0, G, K, L, tile, B, mn, mx);
+        float mn[KEY_PAIRS][2], mx[KEY_PAIRS][2];
+        if (__any_sync(FULL, key_minmax<false>(a, al, h, g0, G, L, tile, B, mn, mx)))
+            key_minmax<true>(a, al, h, g0, G, L, tile, B, mn, mx);
         int t0;
         uint8_t *blk = block_of(a, h, g0, &t0);
-        uint16_t *sc = (uint16_t *)(blk + (size_t)a.bt * cb) + (size_t)(t0 / G) * 2 * d;
-        /* keep[k0]: the fields of byte k0's channels with usable scales */
-        float s[N], r[N], z[N];
-        uint32_t keep[N];
+        /* the group's fp16 scales [d], then zeros [d] */
+        uint32_t *sz = (uint32_t *)(blk + (size_t)a.bt * cb) + (size_t)(t0 / G) * d;
 #pragma unroll
-        for (int k = 0; k < N; k++) {
-            if (!K.on(k)) continue;
-            const int b = plane_bits<BITS>(k / 8), j = k % 8 % (8 / b);
-            uint16_t sh, zh;
-            group_params(mn[k], mx[k], maxq, &sh, &zh);
-            s[k] = vq_cu_h2f(sh), z[k] = vq_cu_h2f(zh), r[k] = __frcp_rn(s[k]);
-            const uint32_t f = scale_ok(s[k]) ? ((1u << b) - 1) << (b * j) : 0;
-            keep[k - j] = j ? keep[k - j] | f : f;
-            if (k < 8) sc[K.ch[k]] = sh, sc[d + K.ch[k]] = zh; /* plane 0 holds every channel once */
+        for (int i = 0; i < KEY_PAIRS; i++) {
+            if (i >= np) break;
+            const int p = L.lane + 32 * i;
+            uint16_t s0, z0, s1, z1;
+            prm[2 * p] = code_params<BITS>(mn[i][0], mx[i][0], &s0, &z0);
+            prm[2 * p + 1] = code_params<BITS>(mn[i][1], mx[i][1], &s1, &z1);
+            sz[p] = s0 | (uint32_t)s1 << 16;
+            sz[d / 2 + p] = z0 | (uint32_t)z1 << 16;
         }
+        __syncwarp(); /* prm is complete (the next group's writes wait in stage) */
         for (int c = 0; c < G; c += R) {
             if (G > R) stage(a, al, h, g0 + c, R, false, L, tile, B);
-#pragma unroll 2
-            for (int t = 0; t < R; t++) {
-                const uint16_t *row = tile + t * pitch;
-                uint8_t *out = blk + (size_t)(t0 + c + t) * cb;
-#pragma unroll
-                for (int p = 0; p < n_planes<BITS>(); p++) {
-                    const int b = plane_bits<BITS>(p);
-#pragma unroll
-                    for (int mb = 0; mb < 8; mb++) {
-                        if (mb >= b) break;
-                        const int k0 = 8 * p + (8 / b) * mb;
-                        if (!K.on(k0)) continue;
-                        uint32_t byte = 0;
-#pragma unroll
-                        for (int j = 0; j < 8; j++) {
-                            if (j >= 8 / b) break; /* a constant trip count (above) */
-                            const int k = k0 + j;
-                            uint32_t code = code_bits(vq_cu_h2f(row[K.ch[k]]), s[k], r[k], z[k], maxq);
-                            byte |= plane_field<BITS>(code, p) << (b * j);
-                        }
-                        out[plane_at(p, d) + L.lane + 32 * mb] = (uint8_t)(byte & keep[k0]);
-                    }
-                }
-            }
+            if (L.lane < R)
+                pack_row<BITS, true>(tile + L.lane * pitch, blk + (size_t)(t0 + c + L.lane) * cb, prm, d, 0, L.lane);
         }
     }
 }
 
 /* One chunk of n <= tile_rows rows (stream tokens c ..) of KIVI values, a
  * lane per row: the row's groups' min and max (HMNMX2 on the tile's fp16
- * pairs), their (scale, zero) into the block and into prm ([group][lane],
- * since a byte's channels u + S j fall in different groups), then the
- * packed row 8 bytes at a time. Lanes from n on have no row. */
+ * pairs), their (scale, zero) into the block and their parameters into prm
+ * ([group][lane]), then the packed row (pack_row). Lanes from n on have no
+ * row. */
 template <int BITS>
 __device__ void vals_chunk(const vq_cu_append_args &a, const vq_cu_method &m, int h, int c, int n, int lane,
                            const uint16_t *tile, float4 *prm) {
     const int d = a.d, G = m.group, cb = m.code_bytes, ng = (d + G - 1) / G, pitch = d + 8;
     const int gshift = __ffs(G) - 1; /* G is a power of two */
-    const float maxq = (float)((1 << BITS) - 1);
     if (lane >= n) return;
     int t;
     uint8_t *blk = block_at(a, h, cursor_at(a, c), lane, &t) + a.k_bytes;
-    uint8_t *out = blk + (size_t)t * cb;
     uint32_t *meta = (uint32_t *)(blk + (size_t)a.bt * cb) + (size_t)t * ng;
     const uint16_t *row = tile + lane * pitch;
     for (int g = 0; g < ng; g++) {
@@ -574,34 +610,10 @@ __device__ void vals_chunk(const vq_cu_append_args &a, const vq_cu_method &m, in
             }
         }
         uint16_t sh, zh;
-        group_params(mn, mx, maxq, &sh, &zh);
+        prm[g * 32 + lane] = code_params<BITS>(mn, mx, &sh, &zh);
         meta[g] = sh | (uint32_t)zh << 16;
-        const float s = vq_cu_h2f(sh);
-        prm[g * 32 + lane] =
-            make_float4(s, __frcp_rn(s), vq_cu_h2f(zh), __uint_as_float(scale_ok(s) ? (1u << BITS) - 1 : 0));
     }
-#pragma unroll
-    for (int p = 0; p < n_planes<BITS>(); p++) {
-        const int b = plane_bits<BITS>(p), S = d * b / 8;
-#pragma unroll 1
-        for (int u0 = 0; u0 < S; u0 += 8) {
-            uint32_t w[2] = {0, 0};
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                if (j >= 8 / b) break; /* a constant trip count (key_slots_for) */
-                const int cc = u0 + S * j;
-                const float4 q = prm[(cc >> gshift) * 32 + lane];
-                float x[8];
-                to_float8(*(const uint4 *)(row + cc), x);
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    uint32_t code = code_masked(x[e], q.x, q.y, q.z, maxq, __float_as_uint(q.w));
-                    w[e / 4] |= plane_field<BITS>(code, p) << (8 * (e % 4) + b * j);
-                }
-            }
-            *(uint2 *)(out + plane_at(p, d) + u0) = make_uint2(w[0], w[1]);
-        }
-    }
+    pack_row<BITS, false>(row, blk + (size_t)t * cb, prm, d, gshift, lane);
 }
 
 /* KIVI values: each token's channels in groups of G (the last one shorter
@@ -623,7 +635,7 @@ __device__ __forceinline__ void enc_kivi_bits(const vq_cu_append_args &a, bool a
                                               int h, int i0, int cnt, const lanes &L, uint16_t *tile, float4 *prm,
                                               bulk &B) {
     if (value) enc_kivi_values<BITS>(a, al, m, h, i0, cnt, L, tile, prm, B);
-    else enc_kivi_keys<BITS>(a, al, m, h, i0, cnt, L, tile, B);
+    else enc_kivi_keys<BITS>(a, al, m, h, i0, cnt, L, tile, prm, B);
 }
 
 __device__ __forceinline__ void enc_kivi(const vq_cu_append_args &a, bool al, const vq_cu_method &m, bool value, int h,
@@ -788,7 +800,7 @@ __global__ void __launch_bounds__(WARPS * 32, 4)
     const lanes L = lanes_for(a.d);
     uint16_t *tile = (uint16_t *)tiles + (size_t)warp * tile_rows(a.d) * (a.d + 8);
     float4 *prm = (float4 *)((uint16_t *)tiles + (size_t)WARPS * tile_rows(a.d) * (a.d + 8)) +
-                  (size_t)warp * value_groups(a) * 32;
+                  (size_t)warp * prm_slots(a);
     const int item = blockIdx.x * WARPS + warp;
     if (item < items) run_item<PATHS>(a, item, unit, enc_units, aligned, L, tile, prm, bnd, B);
 }
@@ -820,7 +832,7 @@ cudaError_t vq_cu_launch_append(const vq_cu_append_args *a) {
     if (items == 0) return cudaSuccess;
     bool quant = a->mk.kind != VQ_CU_FP16 || a->mv.kind != VQ_CU_FP16;
     size_t smem = quant ? (size_t)WARPS * tile_rows(a->d) * (a->d + 8) * sizeof(uint16_t) : 0;
-    smem += (size_t)WARPS * value_groups(*a) * 32 * sizeof(float4);
+    smem += (size_t)WARPS * prm_slots(*a) * sizeof(float4);
     bool aligned = ((uintptr_t)a->k | (uintptr_t)a->v) % 16 == 0;
     const int paths = (a->mk.kind == VQ_CU_KIVI || a->mv.kind == VQ_CU_KIVI ? PATH_KIVI : 0) |
                       (a->mk.kind == VQ_CU_TQ_MSE || a->mv.kind == VQ_CU_TQ_MSE ? PATH_TQ : 0);
