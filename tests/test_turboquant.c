@@ -255,7 +255,7 @@ static void test_round_trip(const char *spec, int d, bool value) {
 static void test_fused(const char *spec, int d, bool value) {
     vq_mparams p;
     if (!method(spec, d, value, &p)) return;
-    int bt = 64, t0 = 5, n = 37, rows = 5, ld = 41; /* rows: a group of four and one more */
+    int bt = 64, t0 = 5, n = 37, rows = 7, ld = 41; /* rows: a group of four, a pair and one more */
     vq_rng rng;
     vq_rng_seed(&rng, (uint64_t)d * 3 + value);
     float *x = random_rows(bt, d, false, &rng), *q = random_rows(rows, d, false, &rng);
