@@ -254,11 +254,14 @@ static void pair_words(const uint8_t *a, const uint8_t *b, int m, uint32_t *out)
     }
 }
 
-/* Index words of 32 pairs at m <= 1024 (64 words a pair). */
-#define PAIR_WORDS (32 * 64)
+/* Signs per span of signs_accum_span, and the index words of its 32 pairs
+ * (64 words a pair). */
+#define SPAN_SIGNS 1024
+#define PAIR_WORDS (32 * SPAN_SIGNS / 16)
 
-void vq_signs_accum_avx2(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
-                         int rows, float *z, size_t z_stride) {
+/* vq_signs_accum_avx2 for m <= SPAN_SIGNS. */
+static void signs_accum_span(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w,
+                             int ld, int rows, float *z, size_t z_stride) {
     /* pair tables: bit 0 of the index is token t's sign, bit 1 token u's */
     const __m128 st = _mm_setr_ps(-1.0f, 1.0f, -1.0f, 1.0f), su = _mm_setr_ps(-1.0f, -1.0f, 1.0f, 1.0f);
     float pt[4 * 128];
@@ -285,6 +288,13 @@ void vq_signs_accum_avx2(const uint8_t *signs, size_t stride, int m, const float
             r += R;
         }
     }
+}
+
+void vq_signs_accum_avx2(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
+                         int rows, float *z, size_t z_stride) {
+    for (int c0 = 0; c0 < m; c0 += SPAN_SIGNS)
+        signs_accum_span(signs + c0 / 8, stride, m - c0 < SPAN_SIGNS ? m - c0 : SPAN_SIGNS, gain, n, w, ld, rows,
+                         z + c0, z_stride);
 }
 
 /* a . b over n floats, 16 at a time in two chains. */
