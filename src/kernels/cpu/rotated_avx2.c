@@ -637,7 +637,7 @@ static NOINLINE void accum_b1(const vq_code_part *parts, int nparts, const float
     const __m128 lu = _mm_setr_ps(p->table[0], p->table[0], p->table[1], p->table[1]);
     int len = p->n / 8;
     float pt[4 * 2 * TOKENS];
-    uint16_t pw[TOKENS / 2 * 128];
+    uint16_t pw[TOKENS / 2 * 128]; /* a part has at most 1024 channels: 128 bytes a token */
     for (int t0 = 0; t0 < n; t0 += TOKENS) {
         int cnt = n - t0 < TOKENS ? n - t0 : TOKENS, pairs = (cnt + 1) / 2;
         const uint8_t *ct = codes + (size_t)t0 * cb + p->off;
