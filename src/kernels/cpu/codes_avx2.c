@@ -181,8 +181,8 @@ void vq_signs_score_avx2(const float *tab, int m, int rows, const uint8_t *signs
 /* Sign-sketch values, two tokens per lookup. For a token pair (t, u) and a
  * row, the four sums +-wt +-wu form a 4-entry table, and the pair's two
  * sign bits of a channel index it: one vpermilps and one add per 8
- * channels, row and token pair, where a +-1.0 lane and an FMA per token
- * took two FMAs (the FMA pipes run both vpermilps and FMAs, the adds go to
+ * channels, row and token pair, where +-1.0 lanes took one FMA per token,
+ * two per pair (the FMA pipes run both vpermilps and FMAs, the adds go to
  * the other two): tq-prod 2-bit 63.7 -> 58.4 ns per (token, kv head) in
  * cache, 4-bit 88.1 -> 84.7 (32/8 heads, one thread). vpermilps reads the
  * low 2 bits of each lane, so a lane needs the two tokens' bits of its
