@@ -636,11 +636,15 @@ static NOINLINE void accum_b1(const vq_code_part *parts, int nparts, const float
     const __m128 lt = _mm_setr_ps(p->table[0], p->table[1], p->table[0], p->table[1]);
     const __m128 lu = _mm_setr_ps(p->table[0], p->table[0], p->table[1], p->table[1]);
     int len = p->n / 8;
-    float pt[4 * 2 * TOKENS];
+    float pt[4 * 2 * TOKENS], nrm[TOKENS];
     uint16_t pw[TOKENS / 2 * 128]; /* a part has at most 1024 channels: 128 bytes a token */
     for (int t0 = 0; t0 < n; t0 += TOKENS) {
         int cnt = n - t0 < TOKENS ? n - t0 : TOKENS, pairs = (cnt + 1) / 2;
         const uint8_t *ct = codes + (size_t)t0 * cb + p->off;
+        int t = 0;
+        for (; t + 8 <= cnt; t += 8)
+            _mm256_storeu_ps(nrm + t, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(norms + t0 + t))));
+        for (; t < cnt; t++) nrm[t] = _cvtsh_ss(norms[t0 + t]);
         for (int q = 0; q < pairs; q++)
             pair_bits(ct + (size_t)2 * q * cb, 2 * q + 1 < cnt ? ct + (size_t)(2 * q + 1) * cb : NULL, len,
                       pw + (size_t)q * len);
@@ -648,10 +652,9 @@ static NOINLINE void accum_b1(const vq_code_part *parts, int nparts, const float
             int R = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
             for (int i = 0; i < R; i++) {
                 const float *wr = w + (size_t)(r + i) * ld + t0;
-                for (int t = 0; t < cnt; t += 2) {
-                    float a = wr[t] * _cvtsh_ss(norms[t0 + t]);
-                    float b = t + 1 < cnt ? wr[t + 1] * _cvtsh_ss(norms[t0 + t + 1]) : 0.0f;
-                    _mm_storeu_ps(pt + i * 2 * TOKENS + 2 * t,
+                for (int j = 0; j < cnt; j += 2) {
+                    float a = wr[j] * nrm[j], b = j + 1 < cnt ? wr[j + 1] * nrm[j + 1] : 0.0f;
+                    _mm_storeu_ps(pt + i * 2 * TOKENS + 2 * j,
                                   _mm_fmadd_ps(_mm_set1_ps(a), lt, _mm_mul_ps(_mm_set1_ps(b), lu)));
                 }
             }
