@@ -255,7 +255,7 @@ static void test_round_trip(const char *spec, int d, bool value) {
 static void test_fused(const char *spec, int d, bool value) {
     vq_mparams p;
     if (!method(spec, d, value, &p)) return;
-    int bt = 64, t0 = 5, n = 37, rows = 5, ld = 41; /* rows: a group of four and one more */
+    int bt = 64, t0 = 5, n = 37, rows = 7, ld = 41; /* rows: a group of four, a pair and one more */
     vq_rng rng;
     vq_rng_seed(&rng, (uint64_t)d * 3 + value);
     float *x = random_rows(bt, d, false, &rng), *q = random_rows(rows, d, false, &rng);
@@ -314,13 +314,14 @@ static void test_fused(const char *spec, int d, bool value) {
 
 /* The sign-sketch kernels (rotated.h) against fp64 sums straight from the
  * bits: tables of S x scored for rows in fours and leftovers, sketch lengths
- * with an odd number of bytes, odd token counts; accumulation with a row
- * stride wider than m. Run at every kernel level. */
+ * with an odd number of bytes and one longer than the AVX2 accumulation's
+ * 1024-sign span, odd token counts; accumulation with a row stride wider
+ * than m. Run at every kernel level. */
 static void test_signs(void) {
-    const int ms[] = {8, 24, 256}, rows_list[] = {1, 3, 4, 5, 8};
+    const int ms[] = {8, 24, 256, 1032}, rows_list[] = {1, 3, 4, 5, 8};
     vq_rng rng;
     vq_rng_seed(&rng, 77);
-    for (int a = 0; a < 3; a++)
+    for (int a = 0; a < 4; a++)
         for (int b = 0; b < 5; b++) {
             int m = ms[a], rows = rows_list[b], d = 40, n = 37, ld = 39, sb = m / 8 + 3;
             float *s = random_rows(m, d, false, &rng), *x = random_rows(rows, d, false, &rng);

@@ -20,7 +20,8 @@ void vq_signs_score_avx2(const float *tab, int m, int rows, const uint8_t *signs
                          int n, float *out, int ld, bool add);
 void vq_signs_accum_avx2(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
                          int rows, float *z, size_t z_stride);
-void vq_axpy_avx2(float a, const float *x, float *y, int n);
+void vq_dot4_avx2(const float *a, const float *x, size_t xs, int n, float *out);
+void vq_project_transpose_add_avx2(const float *s, int m, int d, const float *y, float *x);
 /* kernels/cpu/rotated_avx2.c */
 bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
                          const uint16_t *norms, int n, const float *q, int d, int rows, float *logits, int ld,
@@ -208,6 +209,18 @@ static float dot(const float *a, const float *b, int n) {
     return vq_vec_dot(a, b, n);
 }
 
+/* out[k] = a . x_k for four vectors x_k (xs floats apart): a is read once
+ * for the four, with each product and sum as in dot(), so the same bits. */
+static void dot4(const float *a, const float *x, size_t xs, int n, float out[4]) {
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2()) {
+        vq_dot4_avx2(a, x, xs, n, out);
+        return;
+    }
+#endif
+    for (int k = 0; k < 4; k++) out[k] = vq_vec_dot(a, x + (size_t)k * xs, n);
+}
+
 /* Signs projected per piece, so the stack holds 4 rows x PIECE floats. */
 #define PIECE 256
 
@@ -217,8 +230,16 @@ void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_strid
         int w = rows - r >= 4 ? 4 : 1;
         for (int i0 = 0; i0 < m; i0 += PIECE) {
             int cnt = m - i0 < PIECE ? m - i0 : PIECE;
-            for (int k = 0; k < w; k++)
-                for (int i = 0; i < cnt; i++) v[k * PIECE + i] = dot(s + (size_t)(i0 + i) * d, x + (size_t)(r + k) * x_stride, d);
+            for (int i = 0; i < cnt; i++) {
+                const float *si = s + (size_t)(i0 + i) * d;
+                if (w == 1) {
+                    v[i] = dot(si, x + (size_t)r * x_stride, d);
+                    continue;
+                }
+                float o[4];
+                dot4(si, x + (size_t)r * x_stride, x_stride, d, o);
+                for (int k = 0; k < 4; k++) v[k * PIECE + i] = o[k];
+            }
             table_group(v, PIECE, i0 / 8, cnt / 8, w, tab + (size_t)r * 32 * m);
         }
         r += w;
@@ -308,7 +329,7 @@ void vq_project(const float *s, int m, int d, const float *x, float *y) {
 void vq_project_transpose_add(const float *s, int m, int d, const float *y, float *x) {
 #if defined(__x86_64__)
     if (vq_cpu_has_avx2()) {
-        for (int i = 0; i < m; i++) vq_axpy_avx2(y[i], s + (size_t)i * d, x, d);
+        vq_project_transpose_add_avx2(s, m, d, y, x);
         return;
     }
 #endif
