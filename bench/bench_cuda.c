@@ -155,10 +155,6 @@ int main(int argc, char **argv) {
             for (int w = 0; w < 3; w++)
                 if (vq_attend_batch(cs + (size_t)(w % n_sets) * B, B, 0, &a)) die("attend");
             for (int rep = 0; rep < REPS; rep++) {
-                /* the events start behind a copy that keeps the GPU busy
-                 * while the host issues the calls: GPU time per call, not
-                 * the host's issue rate */
-                cudaMemcpyAsync(busy[1], busy[0], BUSY_BYTES, cudaMemcpyDeviceToDevice, 0);
                 cudaEventRecord(e0, 0);
                 for (int it = 0; it < iters; it++)
                     if (vq_attend_batch(cs + (size_t)(it % n_sets) * B, B, 0, &a)) die("attend");

@@ -3,7 +3,7 @@
 # the whole ctest suite, test_cuda, compute-sanitizer memcheck and racecheck
 # of test_cuda on small shapes, then bench_cuda. Logs go to $OUT (default
 # ./cuda_check_out); a short summary is printed last.
-#   bench/scripts/cuda_check.sh [--no-bench] [--quick-bench] [--no-ctest] [--no-sanitize] [--bench-only=SPEC]
+#   bench/scripts/cuda_check.sh [--no-bench] [--quick-bench] [--no-ctest] [--bench-only=SPEC]
 set -u
 OUT=${OUT:-$PWD/cuda_check_out}
 mkdir -p "$OUT"
@@ -12,12 +12,10 @@ JOBS=${JOBS:-16}
 bench=1
 bench_args=()
 ctest=1
-sanitize=1
 for a in "$@"; do
   case $a in
     --no-bench) bench=0 ;;
     --no-ctest) ctest=0 ;;
-    --no-sanitize) sanitize=0 ;;
     --quick-bench) bench_args+=(--quick) ;;
     --bench-only=*) bench_args+=("${a#--bench-only=}") ;;
   esac
@@ -36,7 +34,7 @@ step configure cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVQ_CUDA=ON ||
 step build cmake --build "$BUILD" -j"$JOBS" || { tail -50 "$OUT/build.log"; exit 1; }
 [ $ctest = 1 ] && step ctest ctest --test-dir "$BUILD" --output-on-failure -j8
 step test_cuda "$BUILD/tests/test_cuda"
-if [ $sanitize = 1 ] && command -v compute-sanitizer >/dev/null; then
+if command -v compute-sanitizer >/dev/null; then
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/test_cuda" --small
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/tests/test_cuda" --small
 fi

@@ -17,14 +17,13 @@
  * rotation to the block part (values accumulate in the rotated domain),
  * adds the window part and writes fp32 or fp16.
  *
- * Decode over KIVI or fp16 blocks (or the window alone, with values that
- * have no second domain) is one launch without the reduction kernel: the
- * KIVI launch runs the window in one more thread block per (sequence, kv
- * head), the fp16 launch has one anyway, and the last thread block of each
- * (sequence, kv head) to finish merges its partials (attend_merge.cuh).
- * Measured on the H200 (kivi 2-bit, 1 x 32768): three launches (KIVI,
- * window, reduction, the last two as programmatic dependents) 29.6 us,
- * one 26.0 us (notes, v17). */
+ * Decode over KIVI blocks launches the window's row kernel and the
+ * reduction as programmatic dependents (sm_90): the KIVI kernel lets the
+ * window kernel start as soon as its own thread blocks have all started,
+ * so the window runs beside it instead of after it; the window kernel
+ * ends only after the KIVI kernel has, and the reduction waits for the
+ * window kernel, so it reads finished partials; its launch latency is
+ * hidden too. */
 #include "codes.cuh"
 
 #include <math.h>
@@ -296,6 +295,7 @@ __global__ void __launch_bounds__(THREADS) reduce_kernel(const __grid_constant__
     const int row = blockIdx.x, h = blockIdx.y, seq = blockIdx.z, tid = threadIdx.x, d = P.d;
     const int warp = tid / 32, lane = tid % 32;
     const int rc = row / RMAX, r = row % RMAX;
+    if (P.pdl) vq_cu_wait_primary(); /* the window kernel's partials and, through it, the KIVI kernel's */
     if (row >= P.rows) return;
     const float *base = P.partials + (((size_t)seq * P.hkv + h) * P.row_chunks + rc) * P.n_parts * RMAX * (size_t)P.part_w;
     float M = -INFINITY;
@@ -441,11 +441,6 @@ extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, c
     const int block_parts = max_blocks ? (max_blocks + P.part_blocks - 1) / P.part_blocks : decode ? 0 : 1;
     P.n_parts = block_parts + (decode ? 1 : 0);
     P.generic_window = !decode;
-    /* decode over KIVI or fp16 blocks, or over the window alone (values
-     * without a second domain): one launch, the partials merged by the last
-     * thread block of each (sequence, kv head) (attend_merge.cuh) */
-    const bool fused = decode && !P.split && (kivi || f16 || !block_parts);
-    P.fused = fused;
     if (pairs * P.n_parts > 65535LL * 65535LL || (long long)H * P.row_chunks > 65535)
         return vq_fail(VQ_ERR_ARG, "n_q=%d gives too many row chunks for one launch (at most %d rows per kv head)",
                        a->n_q, 65535 / H * RMAX);
@@ -498,31 +493,25 @@ extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, c
         P.n_inline_qpos = (int)n_qpos;
     }
     if (e != cudaSuccess) return vq_cu_fail(e, "uploading attention arguments");
-    /* the merge counters first (kept at 0 between calls), then the partials */
     size_t pbytes = sizeof(float) * (size_t)n * H * P.row_chunks * P.n_parts * RMAX * P.part_w;
-    const int need_t = fused ? n * H : 0, n_t = need_t > g->n_tickets ? need_t : g->n_tickets;
-    const size_t t_bytes = ((size_t)n_t * sizeof(unsigned) + 255) / 256 * 256;
-    if (g->partial_bytes < t_bytes + pbytes || g->n_tickets < need_t) {
+    if (g->partial_bytes < pbytes) {
         cudaFree(g->partials);
         g->partials = NULL;
         g->partial_bytes = 0;
-        g->n_tickets = 0;
-        e = cudaMalloc(&g->partials, t_bytes + pbytes);
-        if (e == cudaSuccess) e = cudaMemsetAsync(g->partials, 0, t_bytes, 0);
+        e = cudaMalloc(&g->partials, pbytes);
         if (e != cudaSuccess) return vq_cu_fail(e, "allocating attention partials");
-        g->partial_bytes = t_bytes + pbytes;
-        g->n_tickets = (int)(t_bytes / sizeof(unsigned));
+        g->partial_bytes = pbytes;
     }
-    P.tickets = (unsigned *)g->partials;
-    P.partials = (float *)((char *)g->partials + t_bytes);
+    P.partials = g->partials;
     P.out = a->out;
     P.out_f16 = a->out_dtype == VQ_F16;
-    if (kivi) { /* the blocks and, in one more thread block, the window */
-        e = vq_cu_kivi_fast_launch(&P, P.n_parts, n);
-    } else if (fused) { /* the blocks (fp16 caches) and the window */
+    if (f16) { /* the blocks and the window in one launch */
         e = vq_cu_fp16_decode_launch(&P, P.n_parts, n, 0);
     } else {
-        if (tq4) {
+        if (kivi) {
+            P.pdl = 1;
+            e = vq_cu_kivi_fast_launch(&P, block_parts, n);
+        } else if (tq4) {
             e = vq_cu_tq4_decode_launch(&P, block_parts, n);
         } else if (block_parts) {
             attend_kernel<<<dim3(block_parts, H * P.row_chunks, n), THREADS>>>(P);
@@ -530,9 +519,16 @@ extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, c
         }
         if (e == cudaSuccess && decode) e = vq_cu_fp16_decode_launch(&P, 1, n, P.n_parts - 1);
     }
-    if (e == cudaSuccess && !fused) {
-        reduce_kernel<<<dim3(P.row_chunks * RMAX, H, n), THREADS>>>(P);
-        e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(P.row_chunks * RMAX, H, n);
+        cfg.blockDim = dim3(THREADS);
+        cfg.attrs = &at;
+        cfg.numAttrs = P.pdl ? 1 : 0;
+        e = cudaLaunchKernelEx(&cfg, reduce_kernel, P);
     }
     return e == cudaSuccess ? VQ_OK : vq_cu_fail(e, "launching attention");
 }

@@ -16,10 +16,7 @@
  * lane then adds p * v for its 8 channels and all heads. Partial sums over
  * the tokens of one lane slot are combined across the slots and the warps
  * at the end, and the thread block writes one partial (max, sum, acc) for
- * the reduction kernel (attend.cu) or, in a fused launch (fp16 caches, the
- * window alone), for the merge by the launch's last thread block
- * (attend_merge.cuh). The body is rows_partial (attend_rows.cuh), which
- * the KIVI decode kernel runs too.
+ * the reduction kernel (attend.cu).
  *
  * tq-mse works in the rotated domain: q is rotated once per thread block
  * (signs, Hadamard transform, 1/sqrt(d)); the values' sum stays rotated and
@@ -27,15 +24,279 @@
  *
  * Token sources: the blocks of the stream (a partition, warps taking whole
  * blocks in turn) or, for the last partial slot, the stream's fp16 window
- * (warps taking ROWS_WIN_SEG-token pieces in turn). */
-#include "attend_merge.cuh"
-#include "attend_rows.cuh"
+ * (warps taking WIN_SEG-token pieces in turn). */
+#include "codes.cuh"
+
+#include <math.h>
+
+#define WARPS VQ_CU_ROWS_WARPS
+#define WIN_SEG 32 /* window tokens per warp piece */
+
+/* Row formats. */
+enum { ROWS_FP16 = 0, ROWS_TQ4 = 1 };
+
+/* The channel of lane li's element e: fp16, 8 consecutive channels; 4-bit
+ * codes (byte j holds channels j and j + d/2), the two nibbles of bytes
+ * 4 li .. 4 li + 3. */
+template <int FMT, int D>
+static __device__ __forceinline__ int lane_channel(int li, int e) {
+    if (FMT == ROWS_FP16) return li * 8 + e;
+    return (e < 4 ? 0 : D / 2) + 4 * li + (e & 3);
+}
+
+/* Lane's 8 elements of a row as fp32: x holds the 8 halves (fp16) or the 8
+ * codes in x.x (4-bit), cent the lane's centroid (lane % 16). */
+template <int FMT>
+static __device__ __forceinline__ void row_values(uint4 x, float cent, float (&f)[8]) {
+    if (FMT == ROWS_FP16) {
+        const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 v = __half22float2(*(const __half2 *)&w[k]);
+            f[2 * k] = v.x;
+            f[2 * k + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            f[e] = __shfl_sync(0xffffffffu, cent, (x.x >> (8 * (e & 3) + 4 * (e >> 2))) & 15);
+    }
+}
+
+/* Sums s over the LPT lanes of a token, scattering the heads: returns the
+ * full sum of head li / (LPT / G), li = lane % LPT. */
+template <int G, int LPT>
+static __device__ __forceinline__ float reduce_scatter(float (&s)[G], int li) {
+    int n = G;
+#pragma unroll
+    for (int o = LPT / 2; o > 0; o /= 2) {
+        if (n > 1) { /* the upper half of the lanes keeps the upper half of the heads */
+            const bool up = (li & o) != 0;
+#pragma unroll
+            for (int e = 0; e < G / 2; e++) {
+                if (e < n / 2) {
+                    float send = up ? s[e] : s[e + n / 2];
+                    float keep = up ? s[e + n / 2] : s[e];
+                    s[e] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+                }
+            }
+            n /= 2;
+        } else {
+            s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
+        }
+    }
+    return s[0];
+}
 
 template <int FMT, int D, int G, int U>
-__global__ void __launch_bounds__(ROWS_WARPS * 32) rows_decode(const __grid_constant__ vq_cu_attn P, int first_slot) {
-    __shared__ rows_smem<G, D> sm;
-    rows_partial<FMT, D, G, U>(P, first_slot + blockIdx.x, sm);
-    if (P.fused && vq_cu_last_block(P)) vq_cu_merge(P);
+__global__ void __launch_bounds__(WARPS * 32) rows_decode(const __grid_constant__ vq_cu_attn P, int first_slot) {
+    constexpr int LPT = D / 8, TPI = 32 / LPT, HL = LPT / G; /* HL lanes per head inside a token */
+    __shared__ float red_m[WARPS][G], red_l[WARPS][G];
+    __shared__ float red_acc[WARPS][G][D]; /* tq-mse: q rotated, first */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, li = lane % LPT, slot = lane / LPT;
+    const int h = blockIdx.y, seq = blockIdx.z, g = P.g;
+    const vq_cu_seq S = vq_cu_seq_at(P, seq);
+    const int my_head = li / HL;
+    const int slot_idx = first_slot + blockIdx.x;
+    const bool window = FMT == ROWS_FP16 && slot_idx == P.n_parts - 1;
+    if (P.pdl) vq_cu_launch_dependents(); /* the reduction kernel waits for this one's end */
+
+    /* q (scaled for exp2) of every head, lane's 8 channels */
+    const float qs = P.scale * 1.4426950408889634f;
+    const float *qg = P.q + ((size_t)seq * P.hq + (size_t)h * g) * D;
+    float q[G][8];
+    if (FMT == ROWS_FP16) {
+#pragma unroll
+        for (int hh = 0; hh < G; hh++) {
+            float4 a = make_float4(0, 0, 0, 0), b = a;
+            if (hh < g) {
+                a = *(const float4 *)(qg + hh * D + li * 8);
+                b = *(const float4 *)(qg + hh * D + li * 8 + 4);
+            }
+            q[hh][0] = a.x * qs, q[hh][1] = a.y * qs, q[hh][2] = a.z * qs, q[hh][3] = a.w * qs;
+            q[hh][4] = b.x * qs, q[hh][5] = b.y * qs, q[hh][6] = b.z * qs, q[hh][7] = b.w * qs;
+        }
+    } else { /* R q = H (signs * q) / sqrt(d), in shared memory */
+        float(*qr)[D] = red_acc[0];
+        for (int idx = threadIdx.x; idx < G * D; idx += WARPS * 32) {
+            const int hh = idx / D, c = idx % D;
+            qr[hh][c] = hh < g ? qg[hh * D + c] * P.mk.signs[c] : 0.0f;
+        }
+        __syncthreads();
+        for (int hs = 1; hs < D; hs *= 2) {
+            for (int idx = threadIdx.x; idx < G * D / 2; idx += WARPS * 32) {
+                const int hh = idx / (D / 2), k = idx % (D / 2), j = (k / hs) * 2 * hs + k % hs;
+                const float x = qr[hh][j], y = qr[hh][j + hs];
+                qr[hh][j] = x + y;
+                qr[hh][j + hs] = x - y;
+            }
+            __syncthreads();
+        }
+        const float qsr = qs / sqrtf((float)D);
+#pragma unroll
+        for (int hh = 0; hh < G; hh++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) q[hh][e] = qr[hh][lane_channel<FMT, D>(li, e)] * qsr;
+        __syncthreads(); /* red_acc is written again at the end */
+    }
+    /* tq-mse: lane's centroid, for the shuffle lookups */
+    const float cent_k = FMT == ROWS_TQ4 ? P.mk.centroid[lane & 15] : 0.0f;
+    const float cent_v = FMT == ROWS_TQ4 ? P.mv.centroid[lane & 15] : 0.0f;
+    const int32_t qpos = vq_cu_has_qpos(P) ? vq_cu_qpos_at(P, seq) : INT32_MAX;
+
+    float m = -INFINITY, l = 0; /* head my_head, this lane slot's tokens (log2 units) */
+    float acc[G][8];
+#pragma unroll
+    for (int hh = 0; hh < G; hh++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[hh][e] = 0;
+
+    /* the warp's pieces: whole blocks of the partition, or window pieces */
+    int first, end;
+    if (window) {
+        first = 0;
+        end = (S.win_n + WIN_SEG - 1) / WIN_SEG;
+    } else {
+        const int n_blocks = (S.n_quant + P.bt - 1) / P.bt;
+        first = slot_idx * P.part_blocks;
+        end = min(first + P.part_blocks, n_blocks);
+    }
+    for (int piece = first + warp; piece < end; piece += WARPS) {
+        const uint8_t *K, *V;
+        const int32_t *pos;
+        int n;
+        if (window) {
+            const size_t off = (size_t)h * P.win_cap + (size_t)piece * WIN_SEG;
+            K = (const uint8_t *)(S.win_k + off * D);
+            V = (const uint8_t *)(S.win_v + off * D);
+            pos = S.win_pos + off;
+            n = min(WIN_SEG, S.win_n - piece * WIN_SEG);
+        } else {
+            K = S.table[(size_t)h * P.max_blocks + piece];
+            V = K + P.k_bytes;
+            pos = (const int32_t *)(K + P.k_bytes + P.v_bytes);
+            n = min(P.bt, S.n_quant - piece * P.bt);
+        }
+        /* tq-mse: the tokens' norms after the codes */
+        const uint16_t *k_norm = (const uint16_t *)(K + (size_t)P.bt * (D / 2));
+        const uint16_t *v_norm = (const uint16_t *)(V + (size_t)P.bt * (D / 2));
+        for (int t0 = 0; t0 < n; t0 += U * TPI) {
+            /* every load of the chunk first: U rows of K and of V per lane */
+            uint4 kx[U], vx[U];
+            float kn[U], vn[U];
+            bool ok[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int t = t0 + u * TPI + slot;
+                ok[u] = t < n;
+                kx[u] = vx[u] = make_uint4(0, 0, 0, 0); /* past the end: no bytes read, v = 0 */
+                kn[u] = vn[u] = 0;
+                if (ok[u]) {
+                    if (FMT == ROWS_FP16) {
+                        kx[u] = *(const uint4 *)(K + ((size_t)t * D + li * 8) * 2);
+                        vx[u] = *(const uint4 *)(V + ((size_t)t * D + li * 8) * 2);
+                    } else {
+                        kx[u].x = *(const uint32_t *)(K + (size_t)t * (D / 2) + 4 * li);
+                        vx[u].x = *(const uint32_t *)(V + (size_t)t * (D / 2) + 4 * li);
+                        kn[u] = vq_cu_h2f(k_norm[t]);
+                        vn[u] = vq_cu_h2f(v_norm[t]);
+                    }
+                    ok[u] = pos[t] <= qpos;
+                }
+            }
+            float sc[U], mx = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float f[8], s[G];
+                row_values<FMT>(kx[u], cent_k, f);
+#pragma unroll
+                for (int hh = 0; hh < G; hh++) {
+                    float a = 0;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) a = fmaf(q[hh][e], f[e], a);
+                    s[hh] = a;
+                }
+                float x = reduce_scatter<G, LPT>(s, li);
+                if (FMT == ROWS_TQ4) x *= kn[u];
+                sc[u] = ok[u] ? x : -INFINITY;
+                mx = fmaxf(mx, sc[u]);
+            }
+            /* the chunk's maximum of each head: over the slots */
+#pragma unroll
+            for (int o = LPT; o < 32; o *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float mnew = fmaxf(m, mx);
+            const float alpha = m == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f) : exp2f(m - mnew);
+            m = mnew;
+            l *= alpha;
+#pragma unroll
+            for (int hh = 0; hh < G; hh++) {
+                const float a = __shfl_sync(0xffffffffu, alpha, hh * HL);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[hh][e] *= a;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const float p = mnew == -INFINITY ? 0.0f : exp2f(sc[u] - mnew);
+                l += p;
+                float f[8];
+                row_values<FMT>(vx[u], cent_v, f);
+#pragma unroll
+                for (int hh = 0; hh < G; hh++) {
+                    float ph = __shfl_sync(0xffffffffu, p, slot * LPT + hh * HL);
+                    if (FMT == ROWS_TQ4) ph *= vn[u];
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[hh][e] = fmaf(ph, f[e], acc[hh][e]);
+                }
+            }
+        }
+    }
+    /* the slots of the warp share m (per head); sum their l and acc */
+#pragma unroll
+    for (int o = LPT; o < 32; o *= 2) {
+        l += __shfl_xor_sync(0xffffffffu, l, o);
+#pragma unroll
+        for (int hh = 0; hh < G; hh++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[hh][e] += __shfl_xor_sync(0xffffffffu, acc[hh][e], o);
+    }
+    if (slot == 0) {
+        if (li % HL == 0) {
+            red_m[warp][my_head] = m;
+            red_l[warp][my_head] = l;
+        }
+#pragma unroll
+        for (int hh = 0; hh < G; hh++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) red_acc[warp][hh][lane_channel<FMT, D>(li, e)] = acc[hh][e];
+    }
+    __syncthreads();
+    /* the warps' states merged into the thread block's partial */
+    float *out = P.partials + (((size_t)seq * P.hkv + h) * P.n_parts + slot_idx) * VQ_CU_RMAX * (size_t)P.part_w;
+    const int acc_off = VQ_CU_PART_ACC + (window && P.split ? D : 0);
+    for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
+        const int hh = idx / D, c = idx % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) M = fmaxf(M, red_m[w][hh]);
+        float L = 0, A = 0;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) {
+            const float f = red_m[w][hh] == -INFINITY ? 0.0f : exp2f(red_m[w][hh] - M);
+            L += red_l[w][hh] * f;
+            A += red_acc[w][hh][c] * f;
+        }
+        float *o = out + (size_t)hh * P.part_w;
+        if (c == 0) {
+            o[0] = M * 0.6931471805599453f; /* back to natural-log units */
+            o[1] = L;
+        }
+        o[acc_off + c] = A;
+        if (P.split) o[(window ? VQ_CU_PART_ACC : VQ_CU_PART_ACC + D) + c] = 0; /* the other domain's sum */
+    }
+    /* launched as a dependent of the KIVI kernel (and running beside it):
+     * end only after it, so that the reduction, which waits for this
+     * kernel, sees every partial */
+    if (P.pdl) vq_cu_wait_primary();
 }
 
 bool vq_cu_rows_decode_ok(const vq_cu_attn *P) {
@@ -52,8 +313,15 @@ static cudaError_t launch(const vq_cu_attn *P, int parts, int n_seqs, int first_
     /* rows of K and V in flight per lane and chunk: 8, fewer when the
      * accumulators take more registers */
     constexpr int U = G == 8 ? 4 : 8;
-    rows_decode<FMT, D, G, U><<<dim3(parts, P->hkv, n_seqs), ROWS_WARPS * 32>>>(*P, first_slot);
-    return cudaGetLastError();
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(parts, P->hkv, n_seqs);
+    cfg.blockDim = dim3(WARPS * 32);
+    cfg.attrs = &at;
+    cfg.numAttrs = P->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, rows_decode<FMT, D, G, U>, *P, first_slot);
 }
 
 template <int FMT, int D>

@@ -9,11 +9,8 @@
  * block's values needed; that overlap measured slower and was dropped, this
  * staging is the one the kept kernel was measured with). Each warp keeps
  * its own online-softmax state; at the end the warps' states are merged in
- * shared memory and the thread block writes one partial (max, sum, acc).
- * The launch has one more thread block per (sequence, kv head), which
- * runs the row decode kernel's code (attend_rows.cuh) over the fp16
- * window; the last thread block of each to finish merges the partials
- * into the output (attend_merge.cuh).
+ * shared memory and the thread block writes one partial (max, sum, acc)
+ * for the reduction kernel (attend.cu).
  *
  * Scores, per 16 tokens: S^T = C^T Q' with mma.sync m16n8k16 (fp16 in,
  * fp32 accumulate): A = the key codes (exact fp16 subnormals, below), B = Q'[c][n]
@@ -60,8 +57,7 @@
  * Fragment layout of m16n8k16 (lane = 4 i + j): A regs {row i, k 2j..2j+1},
  * {row i+8, k 2j..}, {row i, k 2j+8..}, {row i+8, k 2j+8..}; B regs {k 2j..
  * 2j+1, col i}, {k 2j+8.., col i}; C {row i, col 2j..2j+1}, {row i+8, ..}. */
-#include "attend_merge.cuh"
-#include "attend_rows.cuh"
+#include "codes.cuh"
 
 #include <math.h>
 
@@ -217,12 +213,13 @@ static __device__ __forceinline__ int value_exponent(const uint16_t *vmeta, int 
  * branches (the tile count and the key-group test are known), so the
  * compiler schedules across the whole block (-8 % time at 8 x 131072). */
 template <int KB, int VB, int GV, bool G4, bool FIXED>
-__device__ __forceinline__ void kivi_blocks(const vq_cu_attn &P, unsigned char *smem) {
+__global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_constant__ vq_cu_attn P) {
     constexpr int NG = D / GV; /* value channel groups */
     constexpr int PROWS = G4 ? 4 : 8;
     /* the scores come out in units of 2^-24 (key codes as subnormals)
      * times Q_SCALE; SC takes them to log2 units */
     constexpr float SUB_UNIT = 5.9604644775390625e-08f, SC = 16777216.0f / Q_SCALE;
+    extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i = lane >> 2, j = lane & 3;
     const int h = blockIdx.y, seq = blockIdx.z, part = blockIdx.x;
     const int bt = FIXED ? 64 : P.bt, GK = FIXED ? 32 : P.mk.group;
@@ -235,6 +232,7 @@ __device__ __forceinline__ void kivi_blocks(const vq_cu_attn &P, unsigned char *
     const int n_blocks = (S.n_quant + bt - 1) / bt;
     const int b0 = part * P.part_blocks, b1 = min(b0 + P.part_blocks, n_blocks);
     uint8_t *const *table = S.table + (size_t)h * P.max_blocks;
+    if (P.pdl) vq_cu_launch_dependents(); /* the window kernel does not read what this one writes */
 
     /* q of head qn (zero past the group), scaled for exp2 and by Q_SCALE,
      * as an fp16 hi + lo pair in the B fragment layout. G4: B column i
@@ -617,21 +615,6 @@ __device__ __forceinline__ void kivi_blocks(const vq_cu_attn &P, unsigned char *
     }
 }
 
-/* Per (sequence, kv head): thread blocks [0, n_parts - 1) take
- * partitions of the blocks, the last one the fp16 window with the row
- * decode kernel's code; the last thread block to finish merges the
- * partials (attend_merge.cuh). */
-template <int KB, int VB, int GV, bool G4, bool FIXED>
-__global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_constant__ vq_cu_attn P) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    constexpr int G = G4 ? 4 : 8;
-    if (blockIdx.x == P.n_parts - 1)
-        rows_partial<ROWS_FP16, D, G, G == 8 ? 4 : 8>(P, blockIdx.x, *(rows_smem<G, D> *)smem);
-    else
-        kivi_blocks<KB, VB, GV, G4, FIXED>(P, smem);
-    if (vq_cu_last_block(P)) vq_cu_merge(P);
-}
-
 static size_t smem_bytes(const vq_cu_attn *P) {
     const size_t w = P->g <= 4 ? warp_stride<true>(P->bt, P->k_bytes, P->v_bytes)
                                : warp_stride<false>(P->bt, P->k_bytes, P->v_bytes);
@@ -642,8 +625,7 @@ bool vq_cu_kivi_fast_ok(const vq_cu_attn *P) {
     return P->mk.kind == VQ_CU_KIVI && P->mv.kind == VQ_CU_KIVI && (P->mk.bits == 2 || P->mk.bits == 4) &&
            (P->mv.bits == 2 || P->mv.bits == 4) && P->d == D && P->n_q == 1 && P->g <= 8 && P->bt % 32 == 0 &&
            P->bt <= MAX_BT && smem_bytes(P) <= SMEM_LIMIT &&
-           2 * (P->k_bytes + 4 * (size_t)P->bt + P->v_bytes) >= 8 * ROW_W * sizeof(float) && /* room for the merge */
-           smem_bytes(P) >= sizeof(rows_smem<8, D>); /* and for the window's thread block */
+           2 * (P->k_bytes + 4 * (size_t)P->bt + P->v_bytes) >= 8 * ROW_W * sizeof(float); /* room for the merge */
 }
 
 typedef void (*kernel_t)(vq_cu_attn);

@@ -58,11 +58,8 @@ struct vq_cuda_cache {
     /* Staging buffers, grown on demand and kept. */
     void *staging;
     size_t staging_bytes;
-    /* The decode partials, after n_tickets merge counters (attend_merge.cuh;
-     * all 0 between calls) rounded up to 256 bytes. */
     float *partials;
     size_t partial_bytes;
-    int n_tickets;
     int n_sms;
 };
 
@@ -116,11 +113,19 @@ typedef struct {
     float *partials;     /* [seq][hkv][row_chunk][slot][RMAX][part_w]: max, sum, pad, acc */
     void *out;
     int out_f16;
-    /* Decode partials merged by the last thread block of each (sequence,
-     * kv head) (attend_merge.cuh), with these counters [n_seqs][hkv]. */
-    int fused;
-    unsigned *tickets;
+    /* Decode over KIVI blocks: the window and reduction kernels are
+     * launched as programmatic dependents (see attend.cu). */
+    int pdl;
 } vq_cu_attn;
+
+/* Programmatic dependent launch (sm_90): let the next kernel of the
+ * stream, launched as a programmatic dependent, start now; wait until the
+ * kernel this one depends on has finished and its writes are visible.
+ * Both are no-ops in a kernel launched the ordinary way. */
+__device__ __forceinline__ void vq_cu_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void vq_cu_wait_primary() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 /* Sequence s of the attention arguments. The kernels take them as a
  * __grid_constant__ parameter, so the inline arrays are read in place. */
@@ -134,11 +139,8 @@ __device__ __forceinline__ int32_t vq_cu_qpos_at(const vq_cu_attn &P, size_t i) 
 }
 
 /* The tensor-core decode kernel for KIVI keys and values (attend_kivi.cu):
- * whether it takes these arguments, and its launch of `parts` thread
- * blocks per (kv head, sequence): thread block x < parts - 1 takes blocks
- * [x * part_blocks, (x + 1) * part_blocks) into partial slot x, the last
- * one the fp16 window; the partials are merged in the launch
- * (attend_merge.cuh). */
+ * whether it takes these arguments, and its launch over blocks
+ * [0, parts * part_blocks), thread block x writing partial slot x. */
 #define VQ_CU_KIVI_WARPS 4
 bool vq_cu_kivi_fast_ok(const vq_cu_attn *P);
 cudaError_t vq_cu_kivi_fast_launch(const vq_cu_attn *P, int parts, int n_seqs);
@@ -153,8 +155,7 @@ int vq_cu_kivi_resident(const vq_cu_attn *P);
  * thread block x writes partial slot first_slot + x; the last slot
  * (n_parts - 1) takes the fp16 window of any cache, the others blocks
  * [x * part_blocks, (x + 1) * part_blocks) of an fp16 cache. tq4: thread
- * block x takes those blocks of a tq-mse cache into slot x. With P->fused
- * the launch merges its partials itself (attend_merge.cuh). */
+ * block x takes those blocks of a tq-mse cache into slot x. */
 #define VQ_CU_ROWS_WARPS 4
 bool vq_cu_rows_decode_ok(const vq_cu_attn *P);
 bool vq_cu_tq4_decode_ok(const vq_cu_attn *P);
