@@ -17,13 +17,12 @@
  * rotation to the block part (values accumulate in the rotated domain),
  * adds the window part and writes fp32 or fp16.
  *
- * Decode over KIVI blocks launches the window's row kernel and the
- * reduction as programmatic dependents (sm_90): the KIVI kernel lets the
- * window kernel start as soon as its own thread blocks have all started,
- * so the window runs beside it instead of after it; the window kernel
- * ends only after the KIVI kernel has, and the reduction waits for the
- * window kernel, so it reads finished partials; its launch latency is
- * hidden too. */
+ * Decode over KIVI blocks launches no reduction kernel: the window's row
+ * kernel is a programmatic dependent of the KIVI kernel (sm_90), which
+ * lets it start as soon as the KIVI kernel's thread blocks have all
+ * started, so the window runs beside it instead of after it; the window's
+ * thread blocks then wait for the KIVI kernel's end and merge its
+ * partials and the window into the output (attend_decode.cu). */
 #include "codes.cuh"
 
 #include <math.h>
@@ -295,7 +294,6 @@ __global__ void __launch_bounds__(THREADS) reduce_kernel(const __grid_constant__
     const int row = blockIdx.x, h = blockIdx.y, seq = blockIdx.z, tid = threadIdx.x, d = P.d;
     const int warp = tid / 32, lane = tid % 32;
     const int rc = row / RMAX, r = row % RMAX;
-    if (P.pdl) vq_cu_wait_primary(); /* the window kernel's partials and, through it, the KIVI kernel's */
     if (row >= P.rows) return;
     const float *base = P.partials + (((size_t)seq * P.hkv + h) * P.row_chunks + rc) * P.n_parts * RMAX * (size_t)P.part_w;
     float M = -INFINITY;
@@ -505,13 +503,16 @@ extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, c
     P.partials = g->partials;
     P.out = a->out;
     P.out_f16 = a->out_dtype == VQ_F16;
+    if (kivi) { /* the window's kernel merges: no reduction kernel */
+        P.pdl = 1;
+        e = vq_cu_kivi_fast_launch(&P, block_parts, n);
+        if (e == cudaSuccess) e = vq_cu_kivi_window_launch(&P, n);
+        return e == cudaSuccess ? VQ_OK : vq_cu_fail(e, "launching attention");
+    }
     if (f16) { /* the blocks and the window in one launch */
         e = vq_cu_fp16_decode_launch(&P, P.n_parts, n, 0);
     } else {
-        if (kivi) {
-            P.pdl = 1;
-            e = vq_cu_kivi_fast_launch(&P, block_parts, n);
-        } else if (tq4) {
+        if (tq4) {
             e = vq_cu_tq4_decode_launch(&P, block_parts, n);
         } else if (block_parts) {
             attend_kernel<<<dim3(block_parts, H * P.row_chunks, n), THREADS>>>(P);
@@ -520,15 +521,8 @@ extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, c
         if (e == cudaSuccess && decode) e = vq_cu_fp16_decode_launch(&P, 1, n, P.n_parts - 1);
     }
     if (e == cudaSuccess) {
-        cudaLaunchAttribute at;
-        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(P.row_chunks * RMAX, H, n);
-        cfg.blockDim = dim3(THREADS);
-        cfg.attrs = &at;
-        cfg.numAttrs = P.pdl ? 1 : 0;
-        e = cudaLaunchKernelEx(&cfg, reduce_kernel, P);
+        reduce_kernel<<<dim3(P.row_chunks * RMAX, H, n), THREADS>>>(P);
+        e = cudaGetLastError();
     }
     return e == cudaSuccess ? VQ_OK : vq_cu_fail(e, "launching attention");
 }

@@ -24,13 +24,26 @@
  *
  * Token sources: the blocks of the stream (a partition, warps taking whole
  * blocks in turn) or, for the last partial slot, the stream's fp16 window
- * (warps taking WIN_SEG-token pieces in turn). */
+ * (warps taking WIN_SEG-token pieces in turn).
+ *
+ * Beside the KIVI kernel (MERGE, head dim 128): the window's thread block
+ * of each (kv head, sequence) is launched as a programmatic dependent of
+ * the KIVI kernel, takes the window while that kernel runs, keeps its own
+ * state in shared memory, then waits for the KIVI kernel's end and merges
+ * its partials and the window into the output itself: no reduction
+ * kernel, whose launch, wait and passes over the partials were most of
+ * the time of a decode call at batch 1 (bench/results notes, v17-v19). */
 #include "codes.cuh"
 
 #include <math.h>
 
 #define WARPS VQ_CU_ROWS_WARPS
 #define WIN_SEG 32 /* window tokens per warp piece */
+/* KIVI partials whose loads a merging warp issues together, one per lane
+ * for the max and sum: one memory latency per MERGE_BATCH partials (at
+ * batch 1 the 32 KIVI thread blocks per kv head of one H200 wave take one
+ * round). */
+#define MERGE_BATCH 32
 
 /* Row formats. */
 enum { ROWS_FP16 = 0, ROWS_TQ4 = 1 };
@@ -88,18 +101,86 @@ static __device__ __forceinline__ float reduce_scatter(float (&s)[G], int li) {
     return s[0];
 }
 
-template <int FMT, int D, int G, int U>
+/* MERGE: the window's row of head hh after the KIVI kernel's partials of
+ * (kv head h, sequence seq): slots [0, P.n_parts - 1) read from the
+ * partials, the window's state (wm, wl natural-log max and sum, wacc) from
+ * shared memory; fixed order (the partials in slot order, then the
+ * window), so repeated decodes give the same bits. One warp per row, 4
+ * channels per lane (d = 128). Each round issues the loads of MERGE_BATCH
+ * partials (max and sum: lane k for partial k; the channels: all of them
+ * per lane) before their first use, then rescales the running sums. */
+static __device__ void merge_row(const vq_cu_attn &P, int h, int seq, int hh, float wm, float wl, const float *wacc,
+                                 int lane) {
+    constexpr int D = 128;
+    const int nk = P.n_parts - 1;
+    const float *base = P.partials + ((size_t)seq * P.hkv + h) * P.n_parts * VQ_CU_RMAX * (size_t)P.part_w +
+                        (size_t)hh * P.part_w;
+    const size_t slot_w = (size_t)VQ_CU_RMAX * P.part_w;
+    float M = -INFINITY, L = 0; /* L: this lane's share (partials lane, lane + 32, ...) */
+    float4 A = make_float4(0, 0, 0, 0);
+    for (int p0 = 0; p0 < nk; p0 += MERGE_BATCH) {
+        const int pl = p0 + lane;
+        float mp = -INFINITY, lp = 0;
+        if (pl < nk) {
+            mp = __ldcg(base + pl * slot_w);
+            lp = __ldcg(base + pl * slot_w + 1);
+        }
+        float4 x[MERGE_BATCH];
+#pragma unroll
+        for (int k = 0; k < MERGE_BATCH; k++)
+            x[k] = p0 + k < nk ? __ldcg((const float4 *)(base + (p0 + k) * slot_w + VQ_CU_PART_ACC) + lane)
+                               : make_float4(0, 0, 0, 0);
+        float mb = mp;
+#pragma unroll
+        for (int o = 16; o > 0; o /= 2) mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
+        const float mnew = fmaxf(M, mb);
+        const float f = M == -INFINITY ? 0.0f : __expf(M - mnew);
+        const float w = mp == -INFINITY ? 0.0f : __expf(mp - mnew);
+        M = mnew;
+        L = L * f + lp * w;
+        A.x *= f, A.y *= f, A.z *= f, A.w *= f;
+#pragma unroll
+        for (int k = 0; k < MERGE_BATCH; k++) {
+            const float wk = __shfl_sync(0xffffffffu, w, k);
+            A.x = fmaf(x[k].x, wk, A.x);
+            A.y = fmaf(x[k].y, wk, A.y);
+            A.z = fmaf(x[k].z, wk, A.z);
+            A.w = fmaf(x[k].w, wk, A.w);
+        }
+    }
+    /* the lanes' shares of L were rescaled alike: sum them in a fixed order */
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) L += __shfl_xor_sync(0xffffffffu, L, o);
+    const float mnew = fmaxf(M, wm);
+    const float f = M == -INFINITY ? 0.0f : __expf(M - mnew), w = wm == -INFINITY ? 0.0f : __expf(wm - mnew);
+    L = L * f + wl * w;
+    A.x = fmaf(wacc[4 * lane], w, A.x * f);
+    A.y = fmaf(wacc[4 * lane + 1], w, A.y * f);
+    A.z = fmaf(wacc[4 * lane + 2], w, A.z * f);
+    A.w = fmaf(wacc[4 * lane + 3], w, A.w * f);
+    const float inv = L > 0 ? 1.0f / L : 0.0f;
+    const size_t off = ((size_t)seq * P.hq + (size_t)h * P.g + hh) * D + 4 * lane; /* one query token */
+    const float o[4] = {A.x * inv, A.y * inv, A.z * inv, A.w * inv};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        if (P.out_f16) ((uint16_t *)P.out)[off + e] = vq_cu_f2h(o[e]);
+        else ((float *)P.out)[off + e] = o[e];
+    }
+}
+
+template <int FMT, int D, int G, int U, bool MERGE>
 __global__ void __launch_bounds__(WARPS * 32) rows_decode(const __grid_constant__ vq_cu_attn P, int first_slot) {
     constexpr int LPT = D / 8, TPI = 32 / LPT, HL = LPT / G; /* HL lanes per head inside a token */
+    static_assert(!MERGE || (FMT == ROWS_FP16 && D == 128), "the merge is the KIVI window's (d = 128)");
     __shared__ float red_m[WARPS][G], red_l[WARPS][G];
     __shared__ float red_acc[WARPS][G][D]; /* tq-mse: q rotated, first */
+    __shared__ float win_ml[MERGE ? G : 1][2]; /* MERGE: the window's max (natural log) and sum per head */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, li = lane % LPT, slot = lane / LPT;
     const int h = blockIdx.y, seq = blockIdx.z, g = P.g;
     const vq_cu_seq S = vq_cu_seq_at(P, seq);
     const int my_head = li / HL;
     const int slot_idx = first_slot + blockIdx.x;
     const bool window = FMT == ROWS_FP16 && slot_idx == P.n_parts - 1;
-    if (P.pdl) vq_cu_launch_dependents(); /* the reduction kernel waits for this one's end */
 
     /* q (scaled for exp2) of every head, lane's 8 channels */
     const float qs = P.scale * 1.4426950408889634f;
@@ -270,6 +351,34 @@ __global__ void __launch_bounds__(WARPS * 32) rows_decode(const __grid_constant_
             for (int e = 0; e < 8; e++) red_acc[warp][hh][lane_channel<FMT, D>(li, e)] = acc[hh][e];
     }
     __syncthreads();
+    if constexpr (MERGE) {
+        /* the window's state per head into red_acc[0] and win_ml (each
+         * thread rewrites only the elements it alone reads) */
+        for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
+            const int hh = idx / D, c = idx % D;
+            float M = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < WARPS; w++) M = fmaxf(M, red_m[w][hh]);
+            float L = 0, A = 0;
+#pragma unroll
+            for (int w = 0; w < WARPS; w++) {
+                const float f = red_m[w][hh] == -INFINITY ? 0.0f : exp2f(red_m[w][hh] - M);
+                L += red_l[w][hh] * f;
+                A += red_acc[w][hh][c] * f;
+            }
+            red_acc[0][hh][c] = A;
+            if (c == 0) {
+                win_ml[hh][0] = M * 0.6931471805599453f; /* natural-log units, as the partials */
+                win_ml[hh][1] = L;
+            }
+        }
+        __syncthreads();
+        /* the KIVI kernel's end: its partials are written and visible */
+        vq_cu_wait_primary();
+        for (int hh = warp; hh < g; hh += WARPS)
+            merge_row(P, h, seq, hh, win_ml[hh][0], win_ml[hh][1], red_acc[0][hh], lane);
+        return;
+    }
     /* the warps' states merged into the thread block's partial */
     float *out = P.partials + (((size_t)seq * P.hkv + h) * P.n_parts + slot_idx) * VQ_CU_RMAX * (size_t)P.part_w;
     const int acc_off = VQ_CU_PART_ACC + (window && P.split ? D : 0);
@@ -293,10 +402,6 @@ __global__ void __launch_bounds__(WARPS * 32) rows_decode(const __grid_constant_
         o[acc_off + c] = A;
         if (P.split) o[(window ? VQ_CU_PART_ACC : VQ_CU_PART_ACC + D) + c] = 0; /* the other domain's sum */
     }
-    /* launched as a dependent of the KIVI kernel (and running beside it):
-     * end only after it, so that the reduction, which waits for this
-     * kernel, sees every partial */
-    if (P.pdl) vq_cu_wait_primary();
 }
 
 bool vq_cu_rows_decode_ok(const vq_cu_attn *P) {
@@ -308,7 +413,7 @@ bool vq_cu_tq4_decode_ok(const vq_cu_attn *P) {
            P->mv.bits == 4;
 }
 
-template <int FMT, int D, int G>
+template <int FMT, int D, int G, bool MERGE = false>
 static cudaError_t launch(const vq_cu_attn *P, int parts, int n_seqs, int first_slot) {
     /* rows of K and V in flight per lane and chunk: 8, fewer when the
      * accumulators take more registers */
@@ -321,7 +426,7 @@ static cudaError_t launch(const vq_cu_attn *P, int parts, int n_seqs, int first_
     cfg.blockDim = dim3(WARPS * 32);
     cfg.attrs = &at;
     cfg.numAttrs = P->pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, rows_decode<FMT, D, G, U>, *P, first_slot);
+    return cudaLaunchKernelEx(&cfg, rows_decode<FMT, D, G, U, MERGE>, *P, first_slot);
 }
 
 template <int FMT, int D>
@@ -345,4 +450,12 @@ cudaError_t vq_cu_fp16_decode_launch(const vq_cu_attn *P, int parts, int n_seqs,
 
 cudaError_t vq_cu_tq4_decode_launch(const vq_cu_attn *P, int parts, int n_seqs) {
     return launch_dim<ROWS_TQ4>(P, parts, n_seqs, 0);
+}
+
+cudaError_t vq_cu_kivi_window_launch(const vq_cu_attn *P, int n_seqs) {
+    const int last = P->n_parts - 1;
+    if (P->g == 1) return launch<ROWS_FP16, 128, 1, true>(P, 1, n_seqs, last);
+    if (P->g == 2) return launch<ROWS_FP16, 128, 2, true>(P, 1, n_seqs, last);
+    if (P->g <= 4) return launch<ROWS_FP16, 128, 4, true>(P, 1, n_seqs, last);
+    return launch<ROWS_FP16, 128, 8, true>(P, 1, n_seqs, last);
 }

@@ -9,8 +9,8 @@
  * block's values needed; that overlap measured slower and was dropped, this
  * staging is the one the kept kernel was measured with). Each warp keeps
  * its own online-softmax state; at the end the warps' states are merged in
- * shared memory and the thread block writes one partial (max, sum, acc)
- * for the reduction kernel (attend.cu).
+ * shared memory and the thread block writes one partial (max, sum, acc),
+ * which the window's kernel merges (attend_decode.cu).
  *
  * Scores, per 16 tokens: S^T = C^T Q' with mma.sync m16n8k16 (fp16 in,
  * fp32 accumulate): A = the key codes (exact fp16 subnormals, below), B = Q'[c][n]
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     const int n_blocks = (S.n_quant + bt - 1) / bt;
     const int b0 = part * P.part_blocks, b1 = min(b0 + P.part_blocks, n_blocks);
     uint8_t *const *table = S.table + (size_t)h * P.max_blocks;
-    if (P.pdl) vq_cu_launch_dependents(); /* the window kernel does not read what this one writes */
+    if (P.pdl) vq_cu_launch_dependents(); /* the window kernel reads this one's partials after its end */
 
     /* q of head qn (zero past the group), scaled for exp2 and by Q_SCALE,
      * as an fp16 hi + lo pair in the B fragment layout. G4: B column i

@@ -113,8 +113,8 @@ typedef struct {
     float *partials;     /* [seq][hkv][row_chunk][slot][RMAX][part_w]: max, sum, pad, acc */
     void *out;
     int out_f16;
-    /* Decode over KIVI blocks: the window and reduction kernels are
-     * launched as programmatic dependents (see attend.cu). */
+    /* Decode over KIVI blocks: the window's kernel, which also merges,
+     * is launched as a programmatic dependent (see attend.cu). */
     int pdl;
 } vq_cu_attn;
 
@@ -161,5 +161,10 @@ bool vq_cu_rows_decode_ok(const vq_cu_attn *P);
 bool vq_cu_tq4_decode_ok(const vq_cu_attn *P);
 cudaError_t vq_cu_fp16_decode_launch(const vq_cu_attn *P, int parts, int n_seqs, int first_slot);
 cudaError_t vq_cu_tq4_decode_launch(const vq_cu_attn *P, int parts, int n_seqs);
+/* Beside the KIVI kernel (head dim 128, launched after it as a
+ * programmatic dependent): one thread block per (kv head, sequence) takes
+ * the fp16 window, waits for the KIVI kernel's end, merges its partials
+ * (slots [0, n_parts - 1)) and the window, and writes the output. */
+cudaError_t vq_cu_kivi_window_launch(const vq_cu_attn *P, int n_seqs);
 
 #endif
