@@ -105,7 +105,10 @@ int main(int argc, char **argv) {
         shapes[n_shapes][0] = extra[k][0];
         shapes[n_shapes++][1] = extra[k][1];
     }
-    int max_seq = 8192; /* the appends' tokens; more for the decode shapes that run */
+    /* the appends' token counts: a long prompt's prefill next to 8192, so
+     * that the fixed cost of a launch shows */
+    const int append_n[] = {8192, 65536};
+    int max_seq = append_n[1]; /* the larger append; more for the decode shapes that run */
     int run[sizeof shapes / sizeof shapes[0]];
     for (int shp = 0; shp < n_shapes; shp++) {
         run[shp] = !n_pick || shp >= n_shapes - n_extra;
@@ -172,43 +175,47 @@ int main(int argc, char **argv) {
             cudaFree(q);
             cudaFree(out);
         }
-        /* append throughput: 8192 new tokens into an empty cache (its blocks
+        /* append throughput: n new tokens into an empty cache (its blocks
          * stay assigned across vq_cache_reset, so no allocation is timed).
          * "GPU": the events start behind a copy that keeps the GPU busy while
          * the host issues the call, so they time the kernel alone; "from
          * idle": the events start on an idle GPU, so the host's work before
          * the launch counts too. */
-        int n = 8192;
-        vq_cache_config cfg = {.n_layers = 1, .n_heads_q = HQ, .n_heads_kv = HKV, .head_dim = D,
-                               .kv_spec = specs[si], .capacity = n, .device = VQ_DEVICE_CUDA};
         vq_cache *c = NULL;
-        if (vq_cache_create(&cfg, &c)) die("create");
-        float t[REPS], ti[REPS], th[REPS];
-        for (int rep = 0; rep < REPS; rep++) {
-            vq_cache_reset(c);
-            cudaMemcpyAsync(busy[1], busy[0], BUSY_BYTES, cudaMemcpyDeviceToDevice, 0);
-            cudaEventRecord(e0, 0);
-            if (vq_cache_append(c, 0, n, kin, vin, VQ_F16, NULL)) die("append");
-            cudaEventRecord(e1, 0);
-            t[rep] = elapsed(e0, e1) * 1000;
-            vq_cache_reset(c);
-            cudaEventRecord(e0, 0);
-            double h0 = vq_time_now() * 1e6;
-            if (vq_cache_append(c, 0, n, kin, vin, VQ_F16, NULL)) die("append");
-            th[rep] = (float)(vq_time_now() * 1e6 - h0);
-            cudaEventRecord(e1, 0);
-            ti[rep] = elapsed(e0, e1) * 1000;
+        for (size_t ni = 0; ni < sizeof append_n / sizeof append_n[0]; ni++) {
+            int n = append_n[ni];
+            vq_cache_config cfg = {.n_layers = 1, .n_heads_q = HQ, .n_heads_kv = HKV, .head_dim = D,
+                                   .kv_spec = specs[si], .capacity = n, .device = VQ_DEVICE_CUDA};
+            vq_cache_free(c);
+            c = NULL;
+            if (vq_cache_create(&cfg, &c)) die("create");
+            float t[REPS], ti[REPS], th[REPS];
+            for (int rep = 0; rep < REPS; rep++) {
+                vq_cache_reset(c);
+                cudaMemcpyAsync(busy[1], busy[0], BUSY_BYTES, cudaMemcpyDeviceToDevice, 0);
+                cudaEventRecord(e0, 0);
+                if (vq_cache_append(c, 0, n, kin, vin, VQ_F16, NULL)) die("append");
+                cudaEventRecord(e1, 0);
+                t[rep] = elapsed(e0, e1) * 1000;
+                vq_cache_reset(c);
+                cudaEventRecord(e0, 0);
+                double h0 = vq_time_now() * 1e6;
+                if (vq_cache_append(c, 0, n, kin, vin, VQ_F16, NULL)) die("append");
+                th[rep] = (float)(vq_time_now() * 1e6 - h0);
+                cudaEventRecord(e1, 0);
+                ti[rep] = elapsed(e0, e1) * 1000;
+            }
+            if (vq_cuda_synchronize()) die("append (asynchronous)");
+            qsort(t, REPS, sizeof *t, cmp_f);
+            qsort(ti, REPS, sizeof *ti, cmp_f);
+            qsort(th, REPS, sizeof *th, cmp_f);
+            double bytes = (double)n * HKV * D * 2 * 2 + (double)vq_cache_bytes(c);
+            double gbps = bytes / (t[REPS / 2] * 1e-6) / 1e9;
+            printf("%-16s append %d tokens: GPU %.1f us (%.1f..%.1f), %.0f GB/s in+out, %.0f%% of copy; from idle %.1f "
+                   "us (%.1f..%.1f); host %.1f us per call\n",
+                   specs[si], n, t[REPS / 2], t[0], t[REPS - 1], gbps, 100 * gbps / bw, ti[REPS / 2], ti[0],
+                   ti[REPS - 1], th[REPS / 2]);
         }
-        if (vq_cuda_synchronize()) die("append (asynchronous)");
-        qsort(t, REPS, sizeof *t, cmp_f);
-        qsort(ti, REPS, sizeof *ti, cmp_f);
-        qsort(th, REPS, sizeof *th, cmp_f);
-        double bytes = (double)n * HKV * D * 2 * 2 + (double)vq_cache_bytes(c);
-        double gbps = bytes / (t[REPS / 2] * 1e-6) / 1e9;
-        printf("%-16s append %d tokens: GPU %.1f us (%.1f..%.1f), %.0f GB/s in+out, %.0f%% of copy; from idle %.1f us "
-               "(%.1f..%.1f); host %.1f us per call\n",
-               specs[si], n, t[REPS / 2], t[0], t[REPS - 1], gbps, 100 * gbps / bw, ti[REPS / 2], ti[0], ti[REPS - 1],
-               th[REPS / 2]);
         /* decode steps: one token per call, back to back; the GPU time per
          * call is the larger of the kernel's and the host's issue time */
         int steps = 2048;
