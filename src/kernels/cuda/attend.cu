@@ -22,7 +22,11 @@
  * lets it start as soon as the KIVI kernel's thread blocks have all
  * started, so the window runs beside it instead of after it; the window's
  * thread blocks then wait for the KIVI kernel's end and merge its
- * partials and the window into the output (attend_decode.cu). */
+ * partials and the window into the output (attend_decode.cu). The KIVI
+ * kernel is in turn a programmatic dependent of the stream's previous
+ * kernel: after a decode's merge has seen its KIVI kernel end, the next
+ * decode's KIVI thread blocks can become resident and wait there, which
+ * takes their launch out of the time between two decode calls. */
 #include "codes.cuh"
 
 #include <math.h>
@@ -505,6 +509,7 @@ extern "C" vq_status vq_cuda_attend(vq_cache *const *caches, int n, int layer, c
     P.out_f16 = a->out_dtype == VQ_F16;
     if (kivi) { /* the window's kernel merges: no reduction kernel */
         P.pdl = 1;
+        P.pdl_prior = 1;
         e = vq_cu_kivi_fast_launch(&P, block_parts, n);
         if (e == cudaSuccess) e = vq_cu_kivi_window_launch(&P, n);
         return e == cudaSuccess ? VQ_OK : vq_cu_fail(e, "launching attention");

@@ -168,8 +168,14 @@ static __device__ void merge_row(const vq_cu_attn &P, int h, int seq, int hh, fl
     }
 }
 
+/* The merging instances (KIVI's window, up to 4 q heads per kv head) are held
+ * to 3 thread blocks per SM (168 registers): uncapped they take 205, and then
+ * the next decode's KIVI thread blocks, which start early and wait beside
+ * them, cannot fit. A minimum of 0 leaves every other instance exactly as
+ * ptxas allocates it without one (an explicit 1 does not: fp16 went 168 ->
+ * 206 registers and 2.7 % slower). */
 template <int FMT, int D, int G, int U, bool MERGE>
-__global__ void __launch_bounds__(WARPS * 32) rows_decode(const __grid_constant__ vq_cu_attn P, int first_slot) {
+__global__ void __launch_bounds__(WARPS * 32, MERGE && G <= 4 ? 3 : 0) rows_decode(const __grid_constant__ vq_cu_attn P, int first_slot) {
     constexpr int LPT = D / 8, TPI = 32 / LPT, HL = LPT / G; /* HL lanes per head inside a token */
     static_assert(!MERGE || (FMT == ROWS_FP16 && D == 128), "the merge is the KIVI window's (d = 128)");
     __shared__ float red_m[WARPS][G], red_l[WARPS][G];
@@ -375,6 +381,7 @@ __global__ void __launch_bounds__(WARPS * 32) rows_decode(const __grid_constant_
         __syncthreads();
         /* the KIVI kernel's end: its partials are written and visible */
         vq_cu_wait_primary();
+        vq_cu_launch_dependents(); /* the next decode's KIVI kernel */
         for (int hh = warp; hh < g; hh += WARPS)
             merge_row(P, h, seq, hh, win_ml[hh][0], win_ml[hh][1], red_acc[0][hh], lane);
         return;

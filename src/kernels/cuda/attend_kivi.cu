@@ -232,6 +232,12 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     const int n_blocks = (S.n_quant + bt - 1) / bt;
     const int b0 = part * P.part_blocks, b1 = min(b0 + P.part_blocks, n_blocks);
     uint8_t *const *table = S.table + (size_t)h * P.max_blocks;
+    /* Launched as a programmatic dependent of the previous decode's merge,
+     * this block may be resident before that kernel ends: wait for it before
+     * reading q or the cache, or writing partials the merge still reads. S and
+     * the table pointer above come from the parameters, or from a descriptor
+     * copy that the stream orders before this launch. */
+    if (P.pdl_prior) vq_cu_wait_primary();
     if (P.pdl) vq_cu_launch_dependents(); /* the window kernel reads this one's partials after its end */
 
     /* q of head qn (zero past the group), scaled for exp2 and by Q_SCALE,
@@ -710,6 +716,14 @@ cudaError_t vq_cu_kivi_fast_launch(const vq_cu_attn *P, int parts, int n_seqs) {
     int r = 0;
     cudaError_t e = prepare(P, &k, &r);
     if (e != cudaSuccess) return e;
-    k<<<dim3(parts, P->hkv, n_seqs), WARPS * 32, smem_bytes(P)>>>(*P);
-    return cudaGetLastError();
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(parts, P->hkv, n_seqs);
+    cfg.blockDim = dim3(WARPS * 32);
+    cfg.dynamicSmemBytes = smem_bytes(P);
+    cfg.attrs = &at;
+    cfg.numAttrs = P->pdl_prior ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, *P);
 }

@@ -116,6 +116,9 @@ typedef struct {
     /* Decode over KIVI blocks: the window's kernel, which also merges,
      * is launched as a programmatic dependent (see attend.cu). */
     int pdl;
+    /* The KIVI kernel is itself launched as a programmatic dependent of the
+     * stream's previous kernel: it waits for that kernel's end first. */
+    int pdl_prior;
 } vq_cu_attn;
 
 /* Programmatic dependent launch (sm_90): let the next kernel of the
