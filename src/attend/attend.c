@@ -1,11 +1,12 @@
 /* Fused attention over the compressed cache.
  *
  * For each kv head, the rows (query tokens x the q heads of its GQA group)
- * stream over the head's blocks and then its fp16 window. Per block the
- * method scores the packed keys, attention applies the causal mask and an
- * fp32 online softmax (one max and one rescale per block), and the method
- * accumulates the packed values weighted by the probabilities. Nothing is
- * dequantized into memory.
+ * stream over the head's blocks and then its fp16 window, a span of
+ * consecutive blocks at a time (SPAN_FLOATS). The method scores the packed
+ * keys of each block of the span into the span's logits, attention applies
+ * the causal mask and an fp32 online softmax step (one max and at most one
+ * rescale per span), and the method accumulates the packed values of each
+ * block weighted by the probabilities. Nothing is dequantized into memory.
  *
  * Work split. With few rows (decode) each head's token stream is cut into
  * partitions of a fixed number of blocks (flash-decoding); every partition
@@ -17,7 +18,7 @@
  * Key weights. When asked (vq_attend_args.key_weights, or the cache's
  * eviction policy), each observed row's masked logits are also copied per
  * slot into scratch during the same pass; once the row's final max and sum
- * are known (after the last block, or the partition merge), a second pass
+ * are known (after the last span, or the partition merge), a second pass
  * over that scratch turns them into probabilities and sums them per slot
  * over the observed rows. Nothing is scored twice.
  */
@@ -28,6 +29,13 @@
 
 #define PART_TOKENS 512   /* tokens per partition in split mode */
 #define ROW_CHUNK 32      /* rows per task; more rows than this: row mode */
+/* Logits of one softmax span, all rows together (8 KB: L1). Consecutive
+ * blocks are scored into one span and take one softmax step: one max, at
+ * most one rescale of the sums and one exp pass per row for the span
+ * rather than per block. Decode with 4 rows a kv head spans a whole
+ * partition (8 blocks of 64 tokens); prefill chunks of 32 rows one block. */
+#define SPAN_FLOATS 2048
+#define MAX_SPAN_BLOCKS 64
 
 /* exp(x[i] - m) in place for i < n; returns the sum. Masked entries are -inf
  * and become 0. Scalar and AVX2 versions (kernels/cpu/softmax_avx2.c). */
@@ -85,7 +93,8 @@ typedef struct {
     float *thread_mem;  /* [threads][thread_floats] */
     size_t thread_floats;
     size_t method_floats;
-    int logit_ld;
+    int span_tokens;    /* most tokens of one softmax span, >= block_tokens */
+    int logit_ld;       /* floats per logits row: a span or the window */
     /* Key weights: rows from kw_first on are observed; their logits per
      * slot, [H][rows_total - kw_first][kw_ld], and every row's final max
      * and sum, [H][rows_total][2]. kw_logits NULL: not asked. */
@@ -99,10 +108,10 @@ typedef struct {
 /* Asks for [p, p + bytes) to be brought in ahead of use. Blocks are
  * separate allocations and the hardware prefetcher stops at their page
  * edges, so without this the start of every block is a run of demand misses.
- * The next block's keys part is asked for before the current block is
- * scored and the rest before it is accumulated: two smaller bursts measured
- * faster than the whole next block at once before each block (KIVI-2, 32768
- * tokens, 2 threads: 2-7 % less median time; its block is 12.5 KB).
+ * Keys and values are asked for one block ahead of the pass that reads them
+ * (run_blocks): two smaller bursts measured faster than the whole next block
+ * at once before each block (KIVI-2, 32768 tokens, 2 threads: 2-7 % less
+ * median time; its block is 12.5 KB).
  * Spreading the requests between 32-token calls instead was a little faster
  * again for KIVI but slower for methods with a per-call setup (polar: 13 %).
  * Blocks larger than L1 (fp16: 66 KB for 128 tokens at d = 128) are left to
@@ -126,38 +135,24 @@ typedef struct {
     size_t k_bytes, v_bytes;
 } next_block;
 
-/* Processes tokens [t0, t0 + n) of one block-like payload pair; next (or
- * NULL) is prefetched meanwhile. */
-static void run_span(const job *jb, const next_block *next, int nr, const float *qbuf, const float *kq,
-                     const int32_t *qpos, int32_t qpos_max, const uint8_t *kp, const uint8_t *vp, int bt,
-                     const int32_t *kpos, int n, float *m, float *l, float *acc, float *accw, float *logits,
-                     float *mscratch, bool is_window, float *kw_head, int row0, int64_t slot0) {
-    const vq_cache *c = jb->c;
-    int d = c->cfg.head_dim, ld = jb->logit_ld;
-    if (n <= 0) return;
-    if (qpos && kpos[0] > qpos_max) return; /* the whole span is in every row's future */
-    const vq_mparams *pk = is_window ? NULL : &c->spec.k, *pv = is_window ? NULL : &c->spec.v;
-    vq_mparams fk, fv;
-    if (is_window) { /* the window holds plain fp16 rows */
-        memset(&fk, 0, sizeof fk);
-        fk.method = &vq_method_fp16;
-        fk.head_dim = d;
-        fv = fk;
-        fv.is_value = true;
-        pk = &fk;
-        pv = &fv;
-    }
-    /* blocks score with the method's prepared rows, the window with q itself */
-    if (next) prefetch_range(next->k, next->k_bytes);
-    pk->method->score(pk, is_window ? qbuf : kq, nr, kp, bt, 0, n, logits, ld, mscratch);
-    bool need_mask = qpos && kpos[n - 1] > qpos[0];
+/* Block b of stream s as a prefetch target; false for blocks left to the
+ * hardware prefetcher. */
+static bool block_target(const vq_cache *c, const vq_stream *s, int b, next_block *nx) {
+    const vq_block_class *k = &c->cls[s->blk_class[b]];
+    if (k->bytes > PREFETCH_MAX_BYTES) return false;
+    *nx = (next_block){s->blocks[b], s->blocks[b] + k->k_bytes, k->k_bytes, k->bytes - k->k_bytes};
+    return true;
+}
+
+/* The online-softmax step for n new logits per row (already masked): each
+ * row's max over them, one rescale of the row's sums when it grows, then
+ * the logits turned into exp(logit - max) in place, summed into l. acc has
+ * acc_w floats a row; accw (d a row) is rescaled too when it is separate. */
+static void softmax_span(const job *jb, int nr, float *logits, int n, float *m, float *l, float *acc, float *accw,
+                         float *kw_head, int row0, int64_t slot0) {
+    int d = jb->c->cfg.head_dim, ld = jb->logit_ld;
     for (int r = 0; r < nr; r++) {
         float *lr = logits + (size_t)r * ld;
-        if (need_mask) {
-            int32_t qp = qpos[r];
-            for (int j = 0; j < n; j++)
-                if (kpos[j] > qp) lr[j] = -INFINITY;
-        }
         if (kw_head && row0 + r >= jb->kw_first)
             memcpy(kw_head + (size_t)(row0 + r - jb->kw_first) * jb->kw_ld + slot0, lr, sizeof(float) * (size_t)n);
         float mb = max_of(lr, n);
@@ -165,22 +160,104 @@ static void run_span(const job *jb, const next_block *next, int nr, const float 
             memset(lr, 0, sizeof(float) * (size_t)n);
             continue;
         }
-        float mnew = mb > m[r] ? mb : m[r];
-        if (mnew > m[r]) {
-            float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - mnew);
-            l[r] *= alpha;
-            float *ar = acc + (size_t)r * jb->acc_w;
-            for (int i = 0; i < jb->acc_w; i++) ar[i] *= alpha;
-            if (accw != acc) {
-                float *aw = accw + (size_t)r * d;
-                for (int i = 0; i < d; i++) aw[i] *= alpha;
+        if (mb > m[r]) {
+            /* A row that has seen nothing yet has all-zero sums: nothing to
+             * rescale (multiplying them by exp(-inf) = 0 changed no bit). */
+            if (m[r] != -INFINITY) {
+                float alpha = expf(m[r] - mb);
+                l[r] *= alpha;
+                float *ar = acc + (size_t)r * jb->acc_w;
+                for (int i = 0; i < jb->acc_w; i++) ar[i] *= alpha;
+                if (accw != acc) {
+                    float *aw = accw + (size_t)r * d;
+                    for (int i = 0; i < d; i++) aw[i] *= alpha;
+                }
             }
-            m[r] = mnew;
+            m[r] = mb;
         }
-        l[r] += exp_shift_sum(lr, n, mnew);
+        l[r] += exp_shift_sum(lr, n, m[r]);
     }
-    if (next) prefetch_range(next->v, next->v_bytes);
-    pv->method->accum(pv, logits, ld, nr, vp, bt, 0, n, is_window ? accw : acc, mscratch);
+}
+
+/* Sets the logits of keys in a row's future to -inf: n columns of a span
+ * whose key positions are kpos. */
+static void mask_future(const job *jb, int nr, const int32_t *qpos, const int32_t *kpos, int n, float *logits) {
+    if (!qpos || kpos[n - 1] <= qpos[0]) return; /* every key visible to every row */
+    for (int r = 0; r < nr; r++) {
+        float *lr = logits + (size_t)r * jb->logit_ld;
+        int32_t qp = qpos[r];
+        for (int j = 0; j < n; j++)
+            if (kpos[j] > qp) lr[j] = -INFINITY;
+    }
+}
+
+/* Blocks [b0, b1) of stream s as one softmax span: every block's keys are
+ * scored into its columns of the logits rows, one softmax step covers
+ * them all, then every block's values are accumulated. At most
+ * jb->span_tokens tokens. Prefetch runs one block ahead in each pass: the
+ * next block's keys while one is scored (the first block's values during
+ * the last score), the next block's values while one is accumulated, and
+ * `after` (or NULL) during the last accumulation. */
+static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const next_block *after, int nr,
+                       const float *kq, const int32_t *qpos, int32_t qpos_max, float *m, float *l, float *acc,
+                       float *logits, float *mscratch, float *kw_head, int row0, int64_t slot0) {
+    const vq_cache *c = jb->c;
+    const vq_mparams *pk = &c->spec.k, *pv = &c->spec.v;
+    int col = 0;
+    for (int b = b0; b < b1; b++) {
+        int n = s->blk_n[b];
+        if (n <= 0) continue;
+        if (qpos && vq_blk_pos(c, s, b)[0] > qpos_max) { /* this block and all later ones are in every row's future */
+            b1 = b;
+            break;
+        }
+        next_block nx;
+        if (b + 1 < b1) {
+            if (block_target(c, s, b + 1, &nx)) prefetch_range(nx.k, nx.k_bytes);
+        } else if (block_target(c, s, b0, &nx)) {
+            prefetch_range(nx.v, nx.v_bytes);
+        }
+        const vq_block_class *k = &c->cls[s->blk_class[b]];
+        pk->method->score(pk, kq, nr, s->blocks[b], k->cap, 0, n, logits + col, jb->logit_ld, mscratch);
+        mask_future(jb, nr, qpos, vq_blk_pos(c, s, b), n, logits + col);
+        col += n;
+    }
+    if (col == 0) return;
+    softmax_span(jb, nr, logits, col, m, l, acc, acc, kw_head, row0, slot0);
+    col = 0;
+    for (int b = b0; b < b1; b++) {
+        int n = s->blk_n[b];
+        if (n <= 0) continue;
+        next_block nx;
+        if (b + 1 < b1) {
+            if (block_target(c, s, b + 1, &nx)) prefetch_range(nx.v, nx.v_bytes);
+        } else if (after) {
+            prefetch_range(after->k, after->k_bytes);
+        }
+        const vq_block_class *k = &c->cls[s->blk_class[b]];
+        pv->method->accum(pv, logits + col, jb->logit_ld, nr, s->blocks[b] + k->k_bytes, k->cap, 0, n, acc, mscratch);
+        col += n;
+    }
+}
+
+/* The fp16 window's n tokens as one span, scored with q itself and summed
+ * into accw (output space). */
+static void run_window(const job *jb, const vq_stream *s, int nr, const float *qbuf, const int32_t *qpos,
+                       int32_t qpos_max, float *m, float *l, float *acc, float *accw, float *logits, float *mscratch,
+                       float *kw_head, int row0) {
+    const vq_cache *c = jb->c;
+    int n = s->win_n;
+    if (n <= 0 || (qpos && s->win_pos[0] > qpos_max)) return;
+    vq_mparams fk;
+    memset(&fk, 0, sizeof fk);
+    fk.method = &vq_method_fp16;
+    fk.head_dim = c->cfg.head_dim;
+    vq_mparams fv = fk;
+    fv.is_value = true;
+    vq_method_fp16.score(&fk, qbuf, nr, (const uint8_t *)s->win_k, c->win_cap, 0, n, logits, jb->logit_ld, mscratch);
+    mask_future(jb, nr, qpos, s->win_pos, n, logits);
+    softmax_span(jb, nr, logits, n, m, l, acc, accw, kw_head, row0, s->n_quant);
+    vq_method_fp16.accum(&fv, logits, jb->logit_ld, nr, (const uint8_t *)s->win_v, c->win_cap, 0, n, accw, mscratch);
 }
 
 /* The rows of task `row_chunk` of head h: q (scaled) into qbuf, positions
@@ -203,37 +280,27 @@ static int load_rows(const job *jb, int h, int r0, int nr, float *qbuf, int32_t 
     return nr;
 }
 
-/* Block b of stream s as a prefetch target; false for blocks left to the
- * hardware prefetcher. */
-static bool block_target(const vq_cache *c, const vq_stream *s, int b, next_block *nx) {
-    const vq_block_class *k = &c->cls[s->blk_class[b]];
-    if (k->bytes > PREFETCH_MAX_BYTES) return false;
-    *nx = (next_block){s->blocks[b], s->blocks[b] + k->k_bytes, k->k_bytes, k->bytes - k->k_bytes};
-    return true;
-}
-
-/* Blocks [b0, b1) of one stream, then its window if asked. `after` (or
- * NULL) is prefetched during the last block: the first block of the task
- * this thread will likely take next. */
+/* Blocks [b0, b1) of one stream, in spans of at most jb->span_tokens
+ * tokens, then its window if asked. `after` (or NULL) is prefetched during
+ * the last block: the first block of the task this thread will likely take
+ * next. */
 static void stream_range(const job *jb, const vq_stream *s, int b0, int b1, bool window, const next_block *after,
                          int nr, const float *qbuf, const float *kq, const int32_t *qpos, int32_t qpos_max, float *m,
                          float *l, float *acc, float *accw, float *logits, float *mscratch, float *kw_head, int row0) {
     const vq_cache *c = jb->c;
     int64_t slot0 = 0;
     for (int b = 0; b < b0; b++) slot0 += s->blk_n[b];
-    for (int b = b0; b < b1; b++) {
-        int n = s->blk_n[b];
-        uint8_t *blk = s->blocks[b];
-        const vq_block_class *k = &c->cls[s->blk_class[b]];
+    for (int b = b0; b < b1;) {
+        int e = b, tokens = 0;
+        while (e < b1 && (e == b || (tokens + s->blk_n[e] <= jb->span_tokens && e - b < MAX_SPAN_BLOCKS)))
+            tokens += s->blk_n[e++];
         next_block nx;
-        const next_block *next = b + 1 < b1 ? (block_target(c, s, b + 1, &nx) ? &nx : NULL) : after;
-        run_span(jb, next, nr, qbuf, kq, qpos, qpos_max, blk, blk + k->k_bytes, k->cap, vq_blk_pos(c, s, b), n, m,
-                 l, acc, accw, logits, mscratch, false, kw_head, row0, slot0);
-        slot0 += n;
+        const next_block *next = e < b1 ? (block_target(c, s, e, &nx) ? &nx : NULL) : after;
+        run_blocks(jb, s, b, e, next, nr, kq, qpos, qpos_max, m, l, acc, logits, mscratch, kw_head, row0, slot0);
+        slot0 += tokens;
+        b = e;
     }
-    if (window && s->win_n)
-        run_span(jb, NULL, nr, qbuf, kq, qpos, qpos_max, (const uint8_t *)s->win_k, (const uint8_t *)s->win_v,
-                 c->win_cap, s->win_pos, s->win_n, m, l, acc, accw, logits, mscratch, true, kw_head, row0, s->n_quant);
+    if (window) run_window(jb, s, nr, qbuf, qpos, qpos_max, m, l, acc, accw, logits, mscratch, kw_head, row0);
 }
 
 /* Turns summed rows into output: the values method's finish (e.g. the
@@ -481,7 +548,12 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
         jb.tasks_per_head = jb.n_row_chunks;
     }
     int maxr = jb.split ? jb.rows_total : ROW_CHUNK;
-    jb.logit_ld = c->block_tokens > c->win_cap ? c->block_tokens : c->win_cap;
+    /* whole blocks per span, fixed by the shapes (never by the threads) */
+    int span_blocks = SPAN_FLOATS / maxr / c->block_tokens;
+    if (span_blocks > jb.part_blocks) span_blocks = jb.part_blocks;
+    if (span_blocks > MAX_SPAN_BLOCKS) span_blocks = MAX_SPAN_BLOCKS;
+    jb.span_tokens = (span_blocks > 1 ? span_blocks : 1) * c->block_tokens;
+    jb.logit_ld = jb.span_tokens > c->win_cap ? jb.span_tokens : c->win_cap;
     jb.logit_ld = (jb.logit_ld + 15) & ~15;
     size_t mk = c->spec.k.method->scratch_floats(&c->spec.k, maxr);
     size_t mv = c->spec.v.method->scratch_floats(&c->spec.v, maxr);

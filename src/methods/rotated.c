@@ -18,6 +18,8 @@ void vq_signs_axpy_avx2(const uint8_t *signs, int m, float w, float *acc);
 float vq_dot_avx2(const float *a, const float *b, int n);
 void vq_signs_score_avx2(const float *tab, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
                          int n, float *out, int ld, bool add);
+void vq_signs_score2_avx2(const float *tab_a, const float *tab_b, int m, int rows, const uint8_t *signs, size_t b_off,
+                          size_t stride, const float *ga, const float *gb, int n, float *out, int ld);
 void vq_signs_accum_avx2(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
                          int rows, float *z, size_t z_stride);
 void vq_dot4_avx2(const float *a, const float *x, size_t xs, int n, float *out);
@@ -289,6 +291,18 @@ void vq_signs_score(const float *tab, int m, int rows, const uint8_t *signs, siz
         }
         r += w;
     }
+}
+
+void vq_signs_score2(const float *tab_a, const float *tab_b, int m, int rows, const uint8_t *signs, size_t b_off,
+                     size_t stride, const float *ga, const float *gb, int n, float *out, int ld) {
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2()) {
+        vq_signs_score2_avx2(tab_a, tab_b, m, rows, signs, b_off, stride, ga, gb, n, out, ld);
+        return;
+    }
+#endif
+    vq_signs_score(tab_a, m, rows, signs, stride, ga, n, out, ld, false);
+    vq_signs_score(tab_b, m, rows, signs + b_off, stride, gb, n, out, ld, true);
 }
 
 void vq_signs_accum(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,

@@ -87,6 +87,13 @@ void vq_codes_table(int d, const float *levels, const float *x, size_t x_stride,
  * storing. */
 void vq_signs_score(const float *tab, int m, int rows, const uint8_t *signs, size_t stride, const float *gain, int n,
                     float *out, int ld, bool add);
+/* Two sketches of m signs a token in one pass (tq-prod 2-bit keys: the
+ * 1-bit codes through vq_codes_table's tables, then the residual's signs):
+ * out[r * ld + t] = ga[t] * (score of signs + t * stride from tab_a) +
+ * gb[t] * (score of the sketch b_off bytes further from tab_b), with the
+ * bits of vq_signs_score for a (storing) followed by one for b (adding). */
+void vq_signs_score2(const float *tab_a, const float *tab_b, int m, int rows, const uint8_t *signs, size_t b_off,
+                     size_t stride, const float *ga, const float *gb, int n, float *out, int ld);
 /* z[r * z_stride + i] += sum_t w[r * ld + t] * gain[t] * s_t,i for the n
  * sketches signs + t * stride (values weighted by the softmax: tq-prod's
  * residual). */

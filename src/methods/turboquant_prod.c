@@ -182,11 +182,12 @@ static void prod_score(const vq_mparams *p, const float *prep, int rows, const u
         int cnt = n - j0 < 64 ? n - j0 : 64;
         vq_f16_to_f32_array(nrm + t0 + j0, len, (size_t)cnt);
         vq_f16_to_f32_array(gam + t0 + j0, gain, (size_t)cnt);
-        if (codes_tabled(p))
-            vq_signs_score(rq + (size_t)rows * d, 8 * (int)mb, rows, blk + (size_t)(t0 + j0) * tb, tb, len, cnt,
-                           logits + j0, ld, false);
         for (int j = 0; j < cnt; j++) gain[j] = len[j] * (SQRT_HALF_PI / (float)d * gain[j]);
-        vq_signs_score(prep, d, rows, blk + (size_t)(t0 + j0) * tb + mb, tb, gain, cnt, logits + j0, ld, true);
+        if (codes_tabled(p)) /* both sketches (8 mb = d signs each) in one pass */
+            vq_signs_score2(rq + (size_t)rows * d, prep, d, rows, blk + (size_t)(t0 + j0) * tb, mb, tb, len, gain, cnt,
+                            logits + j0, ld);
+        else
+            vq_signs_score(prep, d, rows, blk + (size_t)(t0 + j0) * tb + mb, tb, gain, cnt, logits + j0, ld, true);
     }
 }
 

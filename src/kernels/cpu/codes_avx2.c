@@ -178,6 +178,65 @@ void vq_signs_score_avx2(const float *tab, int m, int rows, const uint8_t *signs
     }
 }
 
+/* Two sketches a token scored in one pass: the one at signs + t * stride
+ * from tab_a times ga[t] plus the one b_off bytes further from tab_b times
+ * gb[t], each summed exactly as vq_signs_score_avx2 sums it, so the result
+ * has the bits of a storing call for a followed by an adding one for b;
+ * one pass over the tokens and one store per score instead of two. */
+void vq_signs_score2_avx2(const float *tab_a, const float *tab_b, int m, int rows, const uint8_t *signs, size_t b_off,
+                          size_t stride, const float *ga, const float *gb, int n, float *out, int ld) {
+    int nb = m / 8, r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float *ta = tab_a + (size_t)r * 32 * m, *tb = tab_b + (size_t)r * 32 * m;
+        for (int t = 0; t < n; t++) {
+            const uint8_t *s = signs + (size_t)t * stride, *u = s + b_off;
+            __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps(), a2 = _mm_setzero_ps(), a3 = _mm_setzero_ps();
+            __m128 b0 = _mm_setzero_ps(), b1 = _mm_setzero_ps(), b2 = _mm_setzero_ps(), b3 = _mm_setzero_ps();
+            int k = 0;
+            for (; k + 4 <= nb; k += 4) {
+                const float *e = ta + (size_t)1024 * k, *f = tb + (size_t)1024 * k;
+                a0 = _mm_add_ps(a0, _mm_loadu_ps(e + 4 * s[k]));
+                b0 = _mm_add_ps(b0, _mm_loadu_ps(f + 4 * u[k]));
+                a1 = _mm_add_ps(a1, _mm_loadu_ps(e + 1024 + 4 * s[k + 1]));
+                b1 = _mm_add_ps(b1, _mm_loadu_ps(f + 1024 + 4 * u[k + 1]));
+                a2 = _mm_add_ps(a2, _mm_loadu_ps(e + 2048 + 4 * s[k + 2]));
+                b2 = _mm_add_ps(b2, _mm_loadu_ps(f + 2048 + 4 * u[k + 2]));
+                a3 = _mm_add_ps(a3, _mm_loadu_ps(e + 3072 + 4 * s[k + 3]));
+                b3 = _mm_add_ps(b3, _mm_loadu_ps(f + 3072 + 4 * u[k + 3]));
+            }
+            for (; k < nb; k++) {
+                a0 = _mm_add_ps(a0, _mm_loadu_ps(ta + (size_t)1024 * k + 4 * s[k]));
+                b0 = _mm_add_ps(b0, _mm_loadu_ps(tb + (size_t)1024 * k + 4 * u[k]));
+            }
+            __m128 va = _mm_mul_ps(_mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)), _mm_set1_ps(ga[t]));
+            __m128 vb = _mm_mul_ps(_mm_add_ps(_mm_add_ps(b0, b1), _mm_add_ps(b2, b3)), _mm_set1_ps(gb[t]));
+            float v[4];
+            _mm_storeu_ps(v, _mm_add_ps(va, vb));
+            for (int i = 0; i < 4; i++) out[(size_t)(r + i) * ld + t] = v[i];
+        }
+    }
+    for (; r < rows; r++) {
+        const float *ta = tab_a + (size_t)r * 32 * m, *tb = tab_b + (size_t)r * 32 * m;
+        for (int t = 0; t < n; t++) {
+            const uint8_t *s = signs + (size_t)t * stride, *u = s + b_off;
+            float a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+            int k = 0;
+            for (; k + 2 <= nb; k += 2) {
+                a0 += ta[256 * k + s[k]];
+                a1 += ta[256 * (k + 1) + s[k + 1]];
+                b0 += tb[256 * k + u[k]];
+                b1 += tb[256 * (k + 1) + u[k + 1]];
+            }
+            if (k < nb) {
+                a0 += ta[256 * k + s[k]];
+                b0 += tb[256 * k + u[k]];
+            }
+            float va = ga[t] * (a0 + a1), vb = gb[t] * (b0 + b1);
+            out[(size_t)r * ld + t] = va + vb;
+        }
+    }
+}
+
 /* Sign-sketch values, two tokens per lookup. For a token pair (t, u) and a
  * row, the four sums +-wt +-wu form a 4-entry table, and the pair's two
  * sign bits of a channel index it: one vpermilps and one add per 8
