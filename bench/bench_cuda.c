@@ -1,7 +1,8 @@
 /* Timing of the CUDA kernels alone: decode attention over CUDA caches and
- * append (encode) throughput, against a device-to-device copy measured in
- * the same run. GPU time from CUDA events; median over repetitions; several
- * sets of caches rotated when one set would fit in L2.
+ * append (encode) throughput (fp16 and bf16 rows, in one call or in
+ * chunks), against a device-to-device copy measured in the same run. GPU
+ * time from CUDA events; median over repetitions; several sets of caches
+ * rotated when one set would fit in L2.
  *
  *   bench_cuda [--quick] [--shape=BATCH,SEQ ...] [--extra-shape=BATCH,SEQ ...] [SPEC_SUBSTRING]
  *
@@ -62,12 +63,19 @@ static double copy_bandwidth(void) {
     return 2.0 * bytes / (t[REPS / 2] * 1e-3) / 1e9; /* read + write */
 }
 
-/* Random fp16 rows [n][8][128] on the device (generated on the host). */
-static void *random_rows(size_t n_vals, unsigned seed) {
+/* Random fp16 or bf16 rows [n][8][128] on the device: 2^22 values drawn
+ * on the host and repeated, so that a run does not spend its time drawing
+ * ~5 x 10^8 normals (the kernels' time does not depend on the values). */
+static void *random_rows(size_t n_vals, unsigned seed, vq_dtype dt) {
+    const size_t period = (size_t)1 << 22;
     uint16_t *h = malloc(n_vals * 2);
     vq_rng r;
     vq_rng_seed(&r, seed);
-    for (size_t i = 0; i < n_vals; i++) h[i] = vq_f32_to_f16((float)vq_rng_normal(&r));
+    for (size_t i = 0; i < n_vals && i < period; i++) {
+        float x = (float)vq_rng_normal(&r);
+        h[i] = dt == VQ_BF16 ? vq_f32_to_bf16(x) : vq_f32_to_f16(x);
+    }
+    for (size_t i = period; i < n_vals; i++) h[i] = h[i - period];
     void *d = NULL;
     if (cudaMalloc(&d, n_vals * 2) != cudaSuccess) return NULL;
     cudaMemcpy(d, h, n_vals * 2, cudaMemcpyHostToDevice);
@@ -105,18 +113,30 @@ int main(int argc, char **argv) {
         shapes[n_shapes][0] = extra[k][0];
         shapes[n_shapes++][1] = extra[k][1];
     }
-    /* the appends' token counts: a long prompt's prefill next to 8192, so
-     * that the fixed cost of a launch shows */
-    const int append_n[] = {8192, 65536};
-    int max_seq = append_n[1]; /* the larger append; more for the decode shapes that run */
+    /* the appends: tokens, tokens per call, input dtype. One call of 8192
+     * and of 65536 fp16 tokens into an empty cache, so that the fixed cost
+     * of a launch shows; then the same with bf16 input, and in chunks (each
+     * chunk after the first arrives at a cache whose fp16 window is not
+     * empty and flushes it), up to a 131072-token bf16 prefill in chunks of
+     * 32768 as cuda_bench.py's encode_gbps times it. */
+    const struct {
+        int n, chunk;
+        vq_dtype dt;
+    } appends[] = {{8192, 8192, VQ_F16},      {65536, 65536, VQ_F16},   {65536, 65536, VQ_BF16},
+                   {65536, 32768, VQ_F16},    {65536, 32768, VQ_BF16},  {131072, 131072, VQ_BF16},
+                   {131072, 32768, VQ_BF16}};
+    const int n_appends = sizeof appends / sizeof appends[0];
+    int max_seq = 131072; /* the largest append; more for the decode shapes that run */
     int run[sizeof shapes / sizeof shapes[0]];
     for (int shp = 0; shp < n_shapes; shp++) {
         run[shp] = !n_pick || shp >= n_shapes - n_extra;
         for (int k = 0; k < n_pick; k++) run[shp] |= shapes[shp][0] == pick[k][0] && shapes[shp][1] == pick[k][1];
         if (run[shp] && shapes[shp][1] > max_seq) max_seq = shapes[shp][1];
     }
-    void *kin = random_rows((size_t)max_seq * HKV * D, 1), *vin = random_rows((size_t)max_seq * HKV * D, 2);
-    if (!kin || !vin) die("input rows");
+    const size_t n_in = (size_t)max_seq * HKV * D;
+    void *kin = random_rows(n_in, 1, VQ_F16), *vin = random_rows(n_in, 2, VQ_F16);
+    void *kbf = random_rows(n_in, 3, VQ_BF16), *vbf = random_rows(n_in, 4, VQ_BF16);
+    if (!kin || !vin || !kbf || !vbf) die("input rows");
     void *busy[2] = {NULL, NULL};
     if (cudaMalloc(&busy[0], BUSY_BYTES) != cudaSuccess || cudaMalloc(&busy[1], BUSY_BYTES) != cudaSuccess)
         die("busy buffers");
@@ -175,35 +195,37 @@ int main(int argc, char **argv) {
             cudaFree(q);
             cudaFree(out);
         }
-        /* append throughput: n new tokens into an empty cache (its blocks
-         * stay assigned across vq_cache_reset, so no allocation is timed).
-         * "GPU": the events start behind a copy that keeps the GPU busy while
-         * the host issues the call, so they time the kernel alone; "from
-         * idle": the events start on an idle GPU, so the host's work before
-         * the launch counts too. */
+        /* append throughput: n new tokens into an empty cache, in calls of
+         * `chunk` tokens (its blocks stay assigned across vq_cache_reset, so
+         * no allocation is timed). "GPU": the events start behind a copy
+         * that keeps the GPU busy while the host issues the calls, so they
+         * time the kernels alone; "from idle": the events start on an idle
+         * GPU, so the host's work before the first launch counts too. */
         vq_cache *c = NULL;
-        for (size_t ni = 0; ni < sizeof append_n / sizeof append_n[0]; ni++) {
-            int n = append_n[ni];
+        for (int ai = 0; ai < n_appends; ai++) {
+            const int n = appends[ai].n, chunk = appends[ai].chunk;
+            const vq_dtype dt = appends[ai].dt;
+            const char *kx = dt == VQ_BF16 ? kbf : kin, *vx = dt == VQ_BF16 ? vbf : vin;
             vq_cache_config cfg = {.n_layers = 1, .n_heads_q = HQ, .n_heads_kv = HKV, .head_dim = D,
                                    .kv_spec = specs[si], .capacity = n, .device = VQ_DEVICE_CUDA};
             vq_cache_free(c);
             c = NULL;
             if (vq_cache_create(&cfg, &c)) die("create");
             float t[REPS], ti[REPS], th[REPS];
-            for (int rep = 0; rep < REPS; rep++) {
+            for (int rep = 0; rep < 2 * REPS; rep++) {
+                const int idle = rep % 2;
                 vq_cache_reset(c);
-                cudaMemcpyAsync(busy[1], busy[0], BUSY_BYTES, cudaMemcpyDeviceToDevice, 0);
-                cudaEventRecord(e0, 0);
-                if (vq_cache_append(c, 0, n, kin, vin, VQ_F16, NULL)) die("append");
-                cudaEventRecord(e1, 0);
-                t[rep] = elapsed(e0, e1) * 1000;
-                vq_cache_reset(c);
+                if (!idle) cudaMemcpyAsync(busy[1], busy[0], BUSY_BYTES, cudaMemcpyDeviceToDevice, 0);
                 cudaEventRecord(e0, 0);
                 double h0 = vq_time_now() * 1e6;
-                if (vq_cache_append(c, 0, n, kin, vin, VQ_F16, NULL)) die("append");
-                th[rep] = (float)(vq_time_now() * 1e6 - h0);
+                for (int t0 = 0; t0 < n; t0 += chunk) {
+                    size_t off = (size_t)t0 * HKV * D * 2;
+                    if (vq_cache_append(c, 0, n - t0 < chunk ? n - t0 : chunk, kx + off, vx + off, dt, NULL))
+                        die("append");
+                }
+                if (idle) th[rep / 2] = (float)(vq_time_now() * 1e6 - h0);
                 cudaEventRecord(e1, 0);
-                ti[rep] = elapsed(e0, e1) * 1000;
+                (idle ? ti : t)[rep / 2] = elapsed(e0, e1) * 1000;
             }
             if (vq_cuda_synchronize()) die("append (asynchronous)");
             qsort(t, REPS, sizeof *t, cmp_f);
@@ -211,10 +233,11 @@ int main(int argc, char **argv) {
             qsort(th, REPS, sizeof *th, cmp_f);
             double bytes = (double)n * HKV * D * 2 * 2 + (double)vq_cache_bytes(c);
             double gbps = bytes / (t[REPS / 2] * 1e-6) / 1e9;
-            printf("%-16s append %d tokens: GPU %.1f us (%.1f..%.1f), %.0f GB/s in+out, %.0f%% of copy; from idle %.1f "
-                   "us (%.1f..%.1f); host %.1f us per call\n",
-                   specs[si], n, t[REPS / 2], t[0], t[REPS - 1], gbps, 100 * gbps / bw, ti[REPS / 2], ti[0],
-                   ti[REPS - 1], th[REPS / 2]);
+            printf("%-16s append %6d tokens %s x%d: GPU %.1f us (%.1f..%.1f), %.0f GB/s in+out, %.0f%% of copy; from "
+                   "idle %.1f us (%.1f..%.1f); host %.1f us\n",
+                   specs[si], n, dt == VQ_BF16 ? "bf16" : "fp16", (n + chunk - 1) / chunk, t[REPS / 2], t[0],
+                   t[REPS - 1], gbps, 100 * gbps / bw, ti[REPS / 2], ti[0], ti[REPS - 1], th[REPS / 2]);
+            fflush(stdout);
         }
         /* decode steps: one token per call, back to back; the GPU time per
          * call is the larger of the kernel's and the host's issue time */
@@ -236,6 +259,8 @@ int main(int argc, char **argv) {
     }
     cudaFree(kin);
     cudaFree(vin);
+    cudaFree(kbf);
+    cudaFree(vbf);
     cudaFree(busy[0]);
     cudaFree(busy[1]);
     return 0;

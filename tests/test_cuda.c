@@ -418,6 +418,7 @@ int main(int argc, char **argv) {
         {"tq-mse:bits=4", 8, 2, 128, 200, 1, VQ_F32, 1, 0},
         /* every minimum a zero: every KIVI group folded again in order */
         {"kivi:bits=2", 8, 2, 128, 500, 2, VQ_F16, 2, 0},
+        {"kivi:bits=4,group=64", 8, 2, 128, 500, 3, VQ_BF16, 2, 0},
         {"kivi:bits=3,group=64", 8, 2, 64, 400, 1, VQ_F32, 2, 0},
         /* K and V off 16-byte alignment: element-wise loads */
         {"kivi:bits=2", 8, 2, 128, 300, 2, VQ_F16, 0, 2},
@@ -425,9 +426,11 @@ int main(int argc, char **argv) {
         {"tq-mse:bits=4", 8, 2, 128, 200, 1, VQ_BF16, 0, 6},
     };
     if (small) {
-        /* f32 rows are staged through registers, fp16 rows by the
-         * bulk-copy engine: both paths under the sanitizers; the last case
-         * folds every KIVI group again in order, with 8 value groups */
+        /* f32 rows are staged through registers, fp16 and bf16 rows by
+         * the bulk-copy engine (bf16 then converted in the tile, next to
+         * the window's fp16 rows in the second piece): all paths under the
+         * sanitizers; the last case folds every KIVI group again in order,
+         * with 8 value groups */
         const case_t few[] = {
             {"fp16", 8, 2, 64, 150, 2, VQ_F32, 0, 0},
             {"kivi:bits=2,group=32", 8, 2, 128, 300, 2, VQ_F32, 0, 0},
@@ -435,6 +438,8 @@ int main(int argc, char **argv) {
             {"tq-mse:bits=4", 8, 2, 128, 200, 2, VQ_F32, 0, 0},
             {"kivi:bits=2,group=32", 8, 2, 128, 300, 2, VQ_F16, 0, 0},
             {"tq-mse:bits=4", 8, 2, 128, 200, 2, VQ_F16, 0, 0},
+            {"kivi:bits=2,group=32", 8, 2, 128, 300, 2, VQ_BF16, 0, 0},
+            {"tq-mse:bits=4", 8, 2, 128, 200, 2, VQ_BF16, 0, 0},
             {"kivi:bits=2,group=32", 8, 2, 256, 200, 1, VQ_F16, 2, 0},
         };
         for (size_t i = 0; i < sizeof few / sizeof few[0]; i++) run_case(&few[i], &r);

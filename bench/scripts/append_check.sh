@@ -40,11 +40,11 @@ for ((r = 1; r <= rounds; r++)); do
   fi
   for v in "${order[@]}"; do
     late "round $r ${v%%:*}" && continue
-    # one line per spec: us and % of copy per append size
+    # one line per spec: us and % of copy per append (tokens, dtype, calls)
     run_variant "$v" "$BUILD/bench_cuda" --shape=1,1 |
       awk -v tag="r$r ${v%%:*}" '/copy:/ { copy = $3 }
-        / append [0-9]+ tokens/ { s = $1; if (!(s in line)) { order[++n] = s; line[s] = "" }
-          line[s] = line[s] sprintf("  %6d: %6s us %4s", $3, $6, $12) }
+        / append +[0-9]+ tokens/ { s = $1; if (!(s in line)) { order[++n] = s; line[s] = "" }
+          line[s] = line[s] sprintf("  %d %s %s %s us %s", $3, $5, $6, $8, $14) }
         END { for (i = 1; i <= n; i++) printf "%-10s %-14s%s  (copy %s)\n", tag, order[i], line[order[i]], copy }'
   done
 done

@@ -9,9 +9,10 @@
  * window. fp16 rows and the window are copied by lanes that own 8
  * consecutive channels of a row (16-byte loads and stores; a row of d
  * channels takes d / 8 lanes). The quantizers first stage up to 32 rows in
- * the warp's shared tile (by the bulk-copy engine when the rows are fp16 on
- * 16-byte boundaries: one instruction per row, every row in flight at once;
- * else through registers, 8 rows in flight per lane) and work from there:
+ * the warp's shared tile (by the bulk-copy engine when the rows are fp16 or
+ * bf16 on 16-byte boundaries: one instruction per row, every row in flight
+ * at once, bf16 converted in the tile; else through registers, 8 rows in
+ * flight per lane) and work from there:
  * - KIVI codes a whole packed row per lane (codes.cuh's planes layout)
  *   from (scale, 1 / scale, zero) in the warp's shared memory, so lanes
  *   never exchange data: for values a lane first folds its own row's
@@ -74,44 +75,51 @@ __device__ __forceinline__ uint32_t pack2h(float x, float y) {
     return (uint32_t)vq_cu_f2h(x) | (uint32_t)vq_cu_f2h(y) << 16;
 }
 
-/* Channels [c0, c0 + 8) of stream token i as 8 fp16 values (the window
- * holds fp16; new tokens are rounded to fp16 as the CPU's window does).
- * `aligned`: the new rows are 16-byte aligned, so vector loads are safe. */
+/* Channels [c0, c0 + 8) of stream token i as loaded, for to_f16x8(): the
+ * window's fp16 values, or the new row's fp16 or bf16 values as they are
+ * (f32 rows, 32 bytes, are rounded to fp16 here). The copy loops convert
+ * only in their store loops, so that a lane's unrolled loads can all be in
+ * flight before the first conversion waits for its data: converting right
+ * after each load, inside the branch that picks the source, made an fp16
+ * cache's append of bf16 rows 22 % slower than of fp16 rows (H200; equal
+ * since). `aligned`: the new rows are 16-byte aligned, so vector loads are
+ * safe. */
 __device__ __forceinline__ uint4 load8(const vq_cu_append_args &a, bool aligned, int h, int i, int c0, bool value) {
     if (i < a.win_n)
         return __ldg((const uint4 *)((value ? a.old_v : a.old_k) + ((size_t)h * a.win_cap + i) * a.d + c0));
     size_t idx = ((size_t)(i - a.win_n) * a.H + h) * a.d + c0;
     const void *x = value ? a.v : a.k;
-    if (a.dtype == VQ_F16) {
+    if (a.dtype != VQ_F32) { /* fp16 or bf16 bits */
         const uint16_t *p = (const uint16_t *)x + idx;
         if (aligned) return __ldg((const uint4 *)p);
         return make_uint4(p[0] | (uint32_t)p[1] << 16, p[2] | (uint32_t)p[3] << 16, p[4] | (uint32_t)p[5] << 16,
                           p[6] | (uint32_t)p[7] << 16);
     }
     float f[8];
-    if (a.dtype == VQ_F32) {
-        const float *p = (const float *)x + idx;
-        if (aligned) {
-            float4 lo = __ldg((const float4 *)p), hi = __ldg((const float4 *)p + 1);
-            f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w, f[4] = hi.x, f[5] = hi.y, f[6] = hi.z, f[7] = hi.w;
-        } else {
-            for (int j = 0; j < 8; j++) f[j] = p[j];
-        }
+    const float *p = (const float *)x + idx;
+    if (aligned) {
+        float4 lo = __ldg((const float4 *)p), hi = __ldg((const float4 *)p + 1);
+        f[0] = lo.x, f[1] = lo.y, f[2] = lo.z, f[3] = lo.w, f[4] = hi.x, f[5] = hi.y, f[6] = hi.z, f[7] = hi.w;
     } else {
-        const uint16_t *p = (const uint16_t *)x + idx; /* bf16: the high half of an fp32 */
-        uint32_t w[4];
-        if (aligned) {
-            uint4 u = __ldg((const uint4 *)p);
-            w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-        } else {
-            for (int j = 0; j < 4; j++) w[j] = p[2 * j] | (uint32_t)p[2 * j + 1] << 16;
-        }
-        for (int j = 0; j < 4; j++) {
-            f[2 * j] = __uint_as_float(w[j] << 16);
-            f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-        }
+        for (int j = 0; j < 8; j++) f[j] = p[j];
     }
     return make_uint4(pack2h(f[0], f[1]), pack2h(f[2], f[3]), pack2h(f[4], f[5]), pack2h(f[6], f[7]));
+}
+
+/* 8 bf16 values as 8 fp16 values, each rounded once (a bf16 is the high
+ * half of an fp32; cvt.rn.f16x2.f32 rounds like the CPU's conversion). */
+__device__ __forceinline__ uint4 bf16x8_to_f16(uint4 u) {
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    for (int j = 0; j < 4; j++) {
+        __half2 h = __floats2half2_rn(__uint_as_float(w[j] << 16), __uint_as_float(w[j] & 0xffff0000u));
+        w[j] = *reinterpret_cast<uint32_t *>(&h);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* load8()'s result for stream token i as 8 fp16 values. */
+__device__ __forceinline__ uint4 to_f16x8(const vq_cu_append_args &a, int i, uint4 u) {
+    return a.dtype == VQ_BF16 && i >= a.win_n ? bf16x8_to_f16(u) : u;
 }
 
 __device__ __forceinline__ void to_float8(uint4 u, float f[8]) {
@@ -274,7 +282,7 @@ __device__ void enc_fp16(const vq_cu_append_args &a, bool al, size_t off, bool v
             int row = r + u * L.tpw + L.sub, t;
             if (!L.on || row >= cnt) continue;
             uint8_t *blk = block_at(a, h, at, row, &t) + off;
-            *(uint4 *)(blk + ((size_t)t * a.d + L.c0) * 2) = v[u];
+            *(uint4 *)(blk + ((size_t)t * a.d + L.c0) * 2) = to_f16x8(a, i0 + row, v[u]);
         }
     }
 }
@@ -294,7 +302,7 @@ __device__ __forceinline__ void stage_loads(const vq_cu_append_args &a, bool al,
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int row = r + u * L.tpw + L.sub;
-            if (L.on && row < n) v[u] = load8(a, al, h, i + row, L.c0, value);
+            if (L.on && row < n) v[u] = to_f16x8(a, i + row, load8(a, al, h, i + row, L.c0, value));
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
@@ -313,16 +321,21 @@ __device__ __forceinline__ const char *row_addr(const vq_cu_append_args &a, int 
     return (const char *)(value ? a.v : a.k) + ((size_t)(i - a.win_n) * a.H + h) * a.d * es;
 }
 
-/* A warp's mbarrier for bulk copies and the parity of its current phase. */
+/* A warp's mbarrier for bulk copies and the parity of its current phase;
+ * copy: the new rows are fp16 or bf16 on 16-byte boundaries, so the tile
+ * is staged by bulk copies (a compile-time constant of the kernel instance:
+ * see launch()). */
 struct bulk {
     unsigned bar, phase;
+    bool copy;
 };
 
-/* stage_loads() for fp16 rows on 16-byte boundaries, by the bulk-copy
- * engine: lane r copies row r in one instruction and the warp's mbarrier
- * counts the bytes, so every row of the chunk is in flight at once and no
- * registers hold them (against 16-byte cp.async per lane and row, 1-1.5 us
- * less per 8192-token append on an H200). */
+/* stage_loads() for fp16 or bf16 rows on 16-byte boundaries (bf16 rows
+ * arrive as they are), by the bulk-copy engine: lane r copies row r in one
+ * instruction and the warp's mbarrier counts the bytes, so every row of the
+ * chunk is in flight at once and no registers hold them (against 16-byte
+ * cp.async per lane and row, 1-1.5 us less per 8192-token append on an
+ * H200). */
 __device__ __forceinline__ void stage_bulk(const vq_cu_append_args &a, int h, int i, int n, bool value,
                                            const lanes &L, uint16_t *tile, bulk &B) {
     const int pitch = a.d + 8;
@@ -350,12 +363,28 @@ __device__ __forceinline__ void stage_bulk(const vq_cu_append_args &a, int h, in
     __syncwarp();
 }
 
-/* The window's rows are always fp16 on 16-byte boundaries; new rows are
- * when the input is fp16 and its pointers are aligned. */
+/* Rows into the tile: by bulk copies when the new rows are fp16 or bf16
+ * (the tile's 2 bytes a value) on 16-byte boundaries (the window's rows
+ * always are), else through registers. bf16 rows are copied as they are and
+ * converted in the tile afterwards, a lane converting its 8 channels of
+ * every tpw-th row: a KIVI append of bf16 rows staged through registers
+ * took 1.9x as long as one of fp16 rows by bulk copy (see the notes, "the
+ * chunked bf16 prefill"). */
 __device__ __forceinline__ void stage(const vq_cu_append_args &a, bool al, int h, int i, int n, bool value,
                                       const lanes &L, uint16_t *tile, bulk &B) {
-    if (al && a.dtype == VQ_F16) stage_bulk(a, h, i, n, value, L, tile, B);
-    else stage_loads(a, al, h, i, n, value, L, tile);
+    if (!B.copy) {
+        stage_loads(a, al, h, i, n, value, L, tile);
+        return;
+    }
+    stage_bulk(a, h, i, n, value, L, tile, B);
+    if (a.dtype != VQ_BF16 || i + n <= a.win_n) return; /* fp16, or window rows only */
+    const int pitch = a.d + 8;
+#pragma unroll 1
+    for (int r = L.sub; L.on && r < n; r += L.tpw) {
+        uint4 *p = (uint4 *)(tile + r * pitch + L.c0);
+        if (i + r >= a.win_n) *p = bf16x8_to_f16(*p);
+    }
+    __syncwarp();
 }
 
 /* This lane's 8 channels of tile row `row` as floats (zeros off the row). */
@@ -725,7 +754,8 @@ __device__ void enc_tq_mse(const vq_cu_append_args &a, bool al, const vq_cu_meth
 }
 
 /* The kernel is compiled once per set of quantizers that a cache's K and V
- * use (PATHS: PATH_KIVI | PATH_TQ, 0 for fp16 alone), so that each instance
+ * use (PATHS: PATH_KIVI | PATH_TQ, 0 for fp16 alone) and, with quantizers,
+ * per way of staging rows (COPY: by bulk copies), so that each instance
  * holds, and allocates registers for, only the paths it runs. */
 enum { PATH_KIVI = 1, PATH_TQ = 2 };
 
@@ -771,8 +801,8 @@ __device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, i
             int row = r + u * L.tpw + L.sub;
             if (!L.on || row >= cnt) continue;
             size_t o = ((size_t)h * a.win_cap + dst0 + j0 + row) * a.d + L.c0;
-            *(uint4 *)(a.new_k + o) = kv[u];
-            *(uint4 *)(a.new_v + o) = vv[u];
+            *(uint4 *)(a.new_k + o) = to_f16x8(a, src0 + j0 + row, kv[u]);
+            *(uint4 *)(a.new_v + o) = to_f16x8(a, src0 + j0 + row, vv[u]);
         }
     }
     for (int t = L.lane; t < cnt; t += 32)
@@ -782,7 +812,7 @@ __device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, i
 /* At most 128 registers: 4 thread blocks (16 warps) per SM. KIVI alone at
  * 5 blocks (96 registers) spilled in the key paths and took 20-30 % longer
  * on an H200. */
-template <int PATHS>
+template <int PATHS, bool COPY>
 __global__ void __launch_bounds__(WARPS * 32, 4)
     append_kernel(const __grid_constant__ vq_cu_append_args a, int unit, int enc_units, int items, bool aligned) {
     extern __shared__ uint4 tiles[]; /* quantizers: one tile per warp, then one prm per warp */
@@ -791,7 +821,7 @@ __global__ void __launch_bounds__(WARPS * 32, 4)
     const int warp = threadIdx.x / 32;
     if (threadIdx.x == 0)
         for (int b = 0; b < 15; b++) bnd[0][b] = a.mk.boundary[b], bnd[1][b] = a.mv.boundary[b];
-    bulk B = {(unsigned)__cvta_generic_to_shared(&bars[warp]), 0};
+    bulk B = {(unsigned)__cvta_generic_to_shared(&bars[warp]), 0, COPY};
     if (threadIdx.x % 32 == 0) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(B.bar) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -805,19 +835,35 @@ __global__ void __launch_bounds__(WARPS * 32, 4)
     if (item < items) run_item<PATHS>(a, item, unit, enc_units, aligned, L, tile, prm, bnd, B);
 }
 
-template <int PATHS>
-static cudaError_t launch(const vq_cu_append_args *a, int unit, int enc_units, long long items, bool aligned,
-                          size_t smem) {
+template <int PATHS, bool COPY>
+static cudaError_t launch_one(const vq_cu_append_args *a, int unit, int enc_units, long long items, bool aligned,
+                              size_t smem) {
     /* above the default 48 KB only at d = 256 with value groups of 32; 4
      * blocks still fit an SM */
     if (smem > 48 * 1024) {
         cudaError_t e =
-            cudaFuncSetAttribute(append_kernel<PATHS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            cudaFuncSetAttribute(append_kernel<PATHS, COPY>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
     }
-    append_kernel<PATHS><<<(unsigned)((items + WARPS - 1) / WARPS), WARPS * 32, smem>>>(*a, unit, enc_units,
-                                                                                    (int)items, aligned);
+    append_kernel<PATHS, COPY><<<(unsigned)((items + WARPS - 1) / WARPS), WARPS * 32, smem>>>(*a, unit, enc_units,
+                                                                                          (int)items, aligned);
     return cudaGetLastError();
+}
+
+/* Quantizers have an instance that stages by bulk copies (fp16 or bf16
+ * rows on 16-byte boundaries) and one that stages through registers (f32 or
+ * unaligned rows). With both ways in one instance, ptxas spilled in the
+ * KIVI paths (160 B of spill stores; 228 B once bf16 rows were converted in
+ * the tile too, and an fp16 append then took 20 % longer: see the notes);
+ * the bulk-copy instance alone spills nothing, and its fp16 appends are
+ * 2-7 % faster than the shared instance's were. fp16 alone stages
+ * nothing. */
+template <int PATHS>
+static cudaError_t launch(const vq_cu_append_args *a, int unit, int enc_units, long long items, bool aligned,
+                          size_t smem) {
+    if constexpr (PATHS != 0)
+        if (aligned && a->dtype != VQ_F32) return launch_one<PATHS, true>(a, unit, enc_units, items, aligned, smem);
+    return launch_one<PATHS, false>(a, unit, enc_units, items, aligned, smem);
 }
 
 cudaError_t vq_cu_launch_append(const vq_cu_append_args *a) {
