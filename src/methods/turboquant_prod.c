@@ -15,7 +15,8 @@
  * Attention: prep_query gives R q, the sign tables of S R q and, for 1-bit
  * codes, byte tables of R q against the codebook (rotated.h) per row;
  * scores read the codes and the signs directly: byte table lookups (the
- * shared codes kernel for 2- and 3-bit codes). Values: accum adds the codebook part in the
+ * shared codes kernel for 2- and 3-bit codes, with the sign lookups in the
+ * same pass over the tokens). Values: accum adds the codebook part in the
  * rotated domain and the sign part in the sketch domain, side by side in a
  * 2 d accumulator row; finish_rows adds S^T of the sign part and applies
  * R^T, d^2 work per output row and attention call. */
