@@ -694,6 +694,34 @@ static ALWAYS_INLINE void accum_pairs_rows(const uint16_t *pw, int len, int pair
         }
 }
 
+/* The pair tables of accum_b1 (entry a + 2 b: T[a] wt + T[b] wu, by one
+ * FMA after a multiply, as its scalar loop computes them, so the same bits)
+ * for 8 pairs at a time, for the first cnt / 16 * 16 tokens; returns that
+ * count. pt: 4 floats a pair. */
+static int pair_tables8(const float *w, const float *nrm, int cnt, const float *levels, float *pt) {
+    const __m256 l0 = _mm256_set1_ps(levels[0]), l1 = _mm256_set1_ps(levels[1]);
+    int t = 0;
+    for (; t + 16 <= cnt; t += 16) {
+        __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(w + t), _mm256_loadu_ps(nrm + t));
+        __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(w + t + 8), _mm256_loadu_ps(nrm + t + 8));
+        /* pairs 0, 1, 4, 5 | 2, 3, 6, 7 of the 8 */
+        __m256 a = _mm256_shuffle_ps(x0, x1, 0x88), b = _mm256_shuffle_ps(x0, x1, 0xDD);
+        __m256 b0 = _mm256_mul_ps(b, l0), b1 = _mm256_mul_ps(b, l1);
+        __m256 e0 = _mm256_fmadd_ps(a, l0, b0), e1 = _mm256_fmadd_ps(a, l1, b0);
+        __m256 e2 = _mm256_fmadd_ps(a, l0, b1), e3 = _mm256_fmadd_ps(a, l1, b1);
+        __m256 u0 = _mm256_unpacklo_ps(e0, e1), u1 = _mm256_unpackhi_ps(e0, e1);
+        __m256 u2 = _mm256_unpacklo_ps(e2, e3), u3 = _mm256_unpackhi_ps(e2, e3);
+        __m256 r0 = _mm256_shuffle_ps(u0, u2, 0x44), r1 = _mm256_shuffle_ps(u0, u2, 0xEE); /* pairs 0, 2 | 1, 3 */
+        __m256 r2 = _mm256_shuffle_ps(u1, u3, 0x44), r3 = _mm256_shuffle_ps(u1, u3, 0xEE); /* pairs 4, 6 | 5, 7 */
+        float *o = pt + 2 * t;
+        _mm256_storeu_ps(o, _mm256_permute2f128_ps(r0, r1, 0x20));
+        _mm256_storeu_ps(o + 8, _mm256_permute2f128_ps(r0, r1, 0x31));
+        _mm256_storeu_ps(o + 16, _mm256_permute2f128_ps(r2, r3, 0x20));
+        _mm256_storeu_ps(o + 24, _mm256_permute2f128_ps(r2, r3, 0x31));
+    }
+    return t;
+}
+
 static NOINLINE void accum_b1(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
                               const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w, int ld,
                               int rows, float *acc, int d) {
@@ -718,7 +746,7 @@ static NOINLINE void accum_b1(const vq_code_part *parts, int nparts, const float
             int R = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
             for (int i = 0; i < R; i++) {
                 const float *wr = w + (size_t)(r + i) * ld + t0;
-                for (int j = 0; j < cnt; j += 2) {
+                for (int j = pair_tables8(wr, nrm, cnt, p->table, pt + i * 2 * TOKENS); j < cnt; j += 2) {
                     float a = wr[j] * nrm[j], b = j + 1 < cnt ? wr[j + 1] * nrm[j + 1] : 0.0f;
                     _mm_storeu_ps(pt + i * 2 * TOKENS + 2 * j,
                                   _mm_fmadd_ps(_mm_set1_ps(a), lt, _mm_mul_ps(_mm_set1_ps(b), lu)));
