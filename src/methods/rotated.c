@@ -30,6 +30,10 @@ bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *c
                          float *scratch);
 bool vq_codes_accum_avx2(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
                          const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d);
+/* The rows it scored (a multiple of 4; 0 when the shape is not covered). */
+int vq_codes_signs_score_avx2(const vq_code_part *parts, int nparts, const vq_sign_part *sp, const uint8_t *codes,
+                              size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits,
+                              int ld, float *scratch);
 
 vq_status vq_opt_int(const char *method, const char *key, const char *value, long lo, long hi, long step,
                      const char *allowed, int *out) {
@@ -138,6 +142,23 @@ void vq_codes_score(const vq_code_part *parts, int nparts, const uint8_t *codes,
             logits[(size_t)r * ld + t] = len * s;
         }
     }
+}
+
+void vq_codes_signs_score(const vq_code_part *parts, int nparts, const vq_sign_part *sp, const uint8_t *codes,
+                          size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits,
+                          int ld, float *scratch) {
+    int done = 0;
+#if defined(__x86_64__)
+    if (vq_cpu_has_avx2())
+        done = vq_codes_signs_score_avx2(parts, nparts, sp, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
+#endif
+    if (done == rows) return;
+    /* the rows left: the two kernels one after the other (tables of leftover
+     * rows are plain, one after another, so they start at row `done`) */
+    float *lr = logits + (size_t)done * ld;
+    vq_codes_score(parts, nparts, codes, cb, norms, n, q + (size_t)done * d, d, rows - done, lr, ld, scratch);
+    vq_signs_score(sp->tab + (size_t)done * 32 * sp->m, sp->m, rows - done, codes + sp->off, cb, sp->gain, n, lr, ld,
+                   true);
 }
 
 void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb, const uint16_t *norms,

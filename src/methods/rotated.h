@@ -60,6 +60,22 @@ void vq_codes_score(const vq_code_part *parts, int nparts, const uint8_t *codes,
 void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb, const uint16_t *norms,
                     int n, const float *w, int ld, int rows, float *acc, int d, float *scratch);
 
+/* A sign sketch scored along with a token's codes (tq-prod keys): m signs
+ * `off` bytes into each token's codes, scored from vq_signs_table's tables
+ * tab (the same rows as q) and scaled by gain[t]. */
+typedef struct {
+    const float *tab;
+    int m;
+    size_t off;
+    const float *gain;
+} vq_sign_part;
+/* vq_codes_score followed by vq_signs_score adding sp's scores, bit for
+ * bit, with the two in one pass over the tokens where the AVX2 kernels
+ * cover the shape. */
+void vq_codes_signs_score(const vq_code_part *parts, int nparts, const vq_sign_part *sp, const uint8_t *codes,
+                          size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits,
+                          int ld, float *scratch);
+
 /* Sign sketches scored through per-query tables (QJL keys, tq-prod's
  * residual stage). For each byte k of a sketch (signs 8k..8k+7) and each of
  * its 256 values b, a row's table holds sum_i (bit i of b ? v : -v)[8k + i]

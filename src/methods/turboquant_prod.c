@@ -15,7 +15,8 @@
  * Attention: prep_query gives R q, the sign tables of S R q and, for 1-bit
  * codes, byte tables of R q against the codebook (rotated.h) per row;
  * scores read the codes and the signs directly: byte table lookups (the
- * shared codes kernel for 2- and 3-bit codes). Values: accum adds the codebook part in the
+ * shared codes kernel for 2- and 3-bit codes, with the sign lookups in the
+ * same pass over the tokens). Values: accum adds the codebook part in the
  * rotated domain and the sign part in the sketch domain, side by side in a
  * 2 d accumulator row; finish_rows adds S^T of the sign part and applies
  * R^T, d^2 work per output row and attention call. */
@@ -175,19 +176,19 @@ static void prod_score(const vq_mparams *p, const float *prep, int rows, const u
     const uint16_t *nrm = meta(p, blk, bt), *gam = nrm + bt;
     vq_code_part part = mse_part(p);
     const float *rq = prep + vq_signs_table_floats(d, rows);
-    if (!codes_tabled(p))
-        vq_codes_score(&part, 1, blk + (size_t)t0 * tb, tb, nrm + t0, n, rq, d, rows, logits, ld, scratch);
     float gain[64], len[64];
     for (int j0 = 0; j0 < n; j0 += 64) {
         int cnt = n - j0 < 64 ? n - j0 : 64;
+        const uint8_t *src = blk + (size_t)(t0 + j0) * tb;
         vq_f16_to_f32_array(nrm + t0 + j0, len, (size_t)cnt);
         vq_f16_to_f32_array(gam + t0 + j0, gain, (size_t)cnt);
         for (int j = 0; j < cnt; j++) gain[j] = len[j] * (SQRT_HALF_PI / (float)d * gain[j]);
-        if (codes_tabled(p)) /* both sketches (8 mb = d signs each) in one pass */
-            vq_signs_score2(rq + (size_t)rows * d, prep, d, rows, blk + (size_t)(t0 + j0) * tb, mb, tb, len, gain, cnt,
-                            logits + j0, ld);
-        else
-            vq_signs_score(prep, d, rows, blk + (size_t)(t0 + j0) * tb + mb, tb, gain, cnt, logits + j0, ld, true);
+        if (codes_tabled(p)) { /* both sketches (8 mb = d signs each) in one pass */
+            vq_signs_score2(rq + (size_t)rows * d, prep, d, rows, src, mb, tb, len, gain, cnt, logits + j0, ld);
+        } else { /* the codes and the signs in one pass */
+            vq_sign_part sp = {prep, d, mb, gain};
+            vq_codes_signs_score(&part, 1, &sp, src, tb, nrm + t0 + j0, cnt, rq, d, rows, logits + j0, ld, scratch);
+        }
     }
 }
 

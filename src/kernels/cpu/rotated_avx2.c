@@ -310,11 +310,31 @@ static void scale_by_norms(const uint16_t *norms, int n, int R, float *logits, i
         for (int r = 0; r < R; r++) logits[(size_t)r * ld + t] *= _cvtsh_ss(norms[t]);
 }
 
+/* The sign-sketch score of one token for four rows, summed exactly as
+ * vq_signs_score_avx2 sums it (four chains, the same order), times gain. */
+static ALWAYS_INLINE __m128 sign_score4(const float *tg, const uint8_t *s, int nb, float gain) {
+    __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps(), a2 = _mm_setzero_ps(), a3 = _mm_setzero_ps();
+    int k = 0;
+    for (; k + 4 <= nb; k += 4) {
+        const float *e = tg + (size_t)1024 * k;
+        a0 = _mm_add_ps(a0, _mm_loadu_ps(e + 4 * (size_t)s[k]));
+        a1 = _mm_add_ps(a1, _mm_loadu_ps(e + 1024 + 4 * (size_t)s[k + 1]));
+        a2 = _mm_add_ps(a2, _mm_loadu_ps(e + 2048 + 4 * (size_t)s[k + 2]));
+        a3 = _mm_add_ps(a3, _mm_loadu_ps(e + 3072 + 4 * (size_t)s[k + 3]));
+    }
+    for (; k < nb; k++) a0 = _mm_add_ps(a0, _mm_loadu_ps(tg + (size_t)1024 * k + 4 * (size_t)s[k]));
+    return _mm_mul_ps(_mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)), _mm_set1_ps(gain));
+}
+
 /* Scores tokens [0, n) for R rows (1, 2 or 4, a constant in each caller so
- * the accumulators stay in registers). */
+ * the accumulators stay in registers). S (R = 4 only): a sign sketch is
+ * scored along (sp, tables of these four rows at stab), each token pair
+ * right after its codes, and the logits are norm * codes + gain * signs
+ * with the bits of the two separate kernels. */
 static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
                                      const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
-                                     int d, const int R, float *logits, int ld, float *qs, const int B1, const int F1) {
+                                     int d, const int R, float *logits, int ld, float *qs, const int B1, const int F1,
+                                     const int S, const vq_sign_part *sp, const float *stab) {
     for (int k = 0, ch = 0; k < nparts; ch += parts[k].n, k++) prep_part(&parts[k], R, q + ch, d, qs + R * ch);
     for (int j = 0; j < n; j += 2) {
         /* an odd count scores the last token twice and keeps one */
@@ -353,6 +373,15 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
         /* a row's two sums are adjacent in s and in logits: one 8-byte
          * store each instead of a scalar per (row, token) */
         __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
+        if (S) {
+            /* the sign part's loads (L2: 64 KB of tables) overlap the next
+             * pair's FMAs here instead of running in a pass of their own */
+            __m128 va = sign_score4(stab, codes + (size_t)j * cb + sp->off, sp->m / 8, sp->gain[j]);
+            __m128 vb = sign_score4(stab, codes + (size_t)j1 * cb + sp->off, sp->m / 8, sp->gain[j1]);
+            __m128 nv = _mm_setr_ps(_cvtsh_ss(norms[j]), _cvtsh_ss(norms[j1]), _cvtsh_ss(norms[j]), _cvtsh_ss(norms[j1]));
+            lo = _mm_add_ps(_mm_mul_ps(lo, nv), _mm_unpacklo_ps(va, vb));
+            hi = _mm_add_ps(_mm_mul_ps(hi, nv), _mm_unpackhi_ps(va, vb));
+        }
         if (j1 != j) {
             _mm_storel_pi((__m64 *)(logits + j), lo);
             if (R > 1) _mm_storeh_pi((__m64 *)(logits + (size_t)ld + j), lo);
@@ -362,11 +391,12 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
             }
         } else {
             float out[8];
-            _mm256_storeu_ps(out, s);
+            _mm_storeu_ps(out, lo);
+            _mm_storeu_ps(out + 4, hi);
             for (int r = 0; r < R; r++) logits[(size_t)r * ld + j] = out[2 * r];
         }
     }
-    scale_by_norms(norms, n, R, logits, ld);
+    if (!S) scale_by_norms(norms, n, R, logits, ld);
 }
 
 /* The score kernel over n tokens for every row. B1, F1: the bits and kind
@@ -381,13 +411,13 @@ static ALWAYS_INLINE void score_all(const vq_code_part *parts, int nparts, const
     int r = 0;
     for (; r + 4 <= rows; r += 4)
         score_rows(parts, nparts, tabs, kind, codes, cb, norms, n, q + (size_t)r * d, d, 4, logits + (size_t)r * ld,
-                   ld, qs, B1, F1);
+                   ld, qs, B1, F1, 0, NULL, NULL);
     for (; r + 2 <= rows; r += 2)
         score_rows(parts, nparts, tabs, kind, codes, cb, norms, n, q + (size_t)r * d, d, 2, logits + (size_t)r * ld,
-                   ld, qs, B1, F1);
+                   ld, qs, B1, F1, 0, NULL, NULL);
     for (; r < rows; r++)
         score_rows(parts, nparts, tabs, kind, codes, cb, norms, n, q + (size_t)r * d, d, 1, logits + (size_t)r * ld,
-                   ld, qs, B1, F1);
+                   ld, qs, B1, F1, 0, NULL, NULL);
 }
 
 typedef void score_fn(const vq_code_part *parts, int nparts, const float *tabs, const int *kind, const uint8_t *codes,
@@ -472,6 +502,42 @@ bool vq_codes_score_avx2(const vq_code_part *parts, int nparts, const uint8_t *c
     if (pre) score_prefolded(fn, parts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
     else fn(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
     return true;
+}
+
+/* Codes and a sign sketch scored in one pass, four rows at a time (the
+ * rows of a kv head in decode): the codes kernels are bound by the FMA
+ * pipes, the sign lookups by bringing their table lines from L2, so one
+ * pass lets the two overlap. Single 2-bit parts (tq-prod 3-bit) and 3-bit
+ * parts (tq-prod 4-bit, through the generic function as in score_pick). */
+static NOINLINE void score_signs_b2(const vq_code_part *parts, const float *tabs, const int *kind,
+                                    const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
+                                    int d, float *logits, int ld, float *qs, const vq_sign_part *sp,
+                                    const float *stab) {
+    score_rows(parts, 1, tabs, kind, codes, cb, norms, n, q, d, 4, logits, ld, qs, 2, PLAIN, 1, sp, stab);
+}
+static NOINLINE void score_signs_any(const vq_code_part *parts, const float *tabs, const int *kind,
+                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
+                                     int d, float *logits, int ld, float *qs, const vq_sign_part *sp,
+                                     const float *stab) {
+    score_rows(parts, 1, tabs, kind, codes, cb, norms, n, q, d, 4, logits, ld, qs, 0, PLAIN, 1, sp, stab);
+}
+
+int vq_codes_signs_score_avx2(const vq_code_part *parts, int nparts, const vq_sign_part *sp, const uint8_t *codes,
+                              size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits,
+                              int ld, float *scratch) {
+    float tabs[2 * 16];
+    int kind[2];
+    bool pre;
+    if (nparts != 1 || (parts[0].bits != 2 && parts[0].bits != 3)) return 0;
+    if (!prepare_parts(parts, nparts, cb, kind, tabs, &pre) || pre) return 0;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float *qr = q + (size_t)r * d, *stab = sp->tab + (size_t)r * 32 * sp->m;
+        float *lr = logits + (size_t)r * ld;
+        if (parts[0].bits == 2) score_signs_b2(parts, tabs, kind, codes, cb, norms, n, qr, d, lr, ld, scratch, sp, stab);
+        else score_signs_any(parts, tabs, kind, codes, cb, norms, n, qr, d, lr, ld, scratch, sp, stab);
+    }
+    return r;
 }
 
 /* a[r][g] += wn[r] * v[g] for R rows and G runs of one token (wn rows
@@ -628,6 +694,34 @@ static ALWAYS_INLINE void accum_pairs_rows(const uint16_t *pw, int len, int pair
         }
 }
 
+/* The pair tables of accum_b1 (entry a + 2 b: T[a] wt + T[b] wu, by one
+ * FMA after a multiply, as its scalar loop computes them, so the same bits)
+ * for 8 pairs at a time, for the first cnt / 16 * 16 tokens; returns that
+ * count. pt: 4 floats a pair. */
+static int pair_tables8(const float *w, const float *nrm, int cnt, const float *levels, float *pt) {
+    const __m256 l0 = _mm256_set1_ps(levels[0]), l1 = _mm256_set1_ps(levels[1]);
+    int t = 0;
+    for (; t + 16 <= cnt; t += 16) {
+        __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(w + t), _mm256_loadu_ps(nrm + t));
+        __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(w + t + 8), _mm256_loadu_ps(nrm + t + 8));
+        /* pairs 0, 1, 4, 5 | 2, 3, 6, 7 of the 8 */
+        __m256 a = _mm256_shuffle_ps(x0, x1, 0x88), b = _mm256_shuffle_ps(x0, x1, 0xDD);
+        __m256 b0 = _mm256_mul_ps(b, l0), b1 = _mm256_mul_ps(b, l1);
+        __m256 e0 = _mm256_fmadd_ps(a, l0, b0), e1 = _mm256_fmadd_ps(a, l1, b0);
+        __m256 e2 = _mm256_fmadd_ps(a, l0, b1), e3 = _mm256_fmadd_ps(a, l1, b1);
+        __m256 u0 = _mm256_unpacklo_ps(e0, e1), u1 = _mm256_unpackhi_ps(e0, e1);
+        __m256 u2 = _mm256_unpacklo_ps(e2, e3), u3 = _mm256_unpackhi_ps(e2, e3);
+        __m256 r0 = _mm256_shuffle_ps(u0, u2, 0x44), r1 = _mm256_shuffle_ps(u0, u2, 0xEE); /* pairs 0, 2 | 1, 3 */
+        __m256 r2 = _mm256_shuffle_ps(u1, u3, 0x44), r3 = _mm256_shuffle_ps(u1, u3, 0xEE); /* pairs 4, 6 | 5, 7 */
+        float *o = pt + 2 * t;
+        _mm256_storeu_ps(o, _mm256_permute2f128_ps(r0, r1, 0x20));
+        _mm256_storeu_ps(o + 8, _mm256_permute2f128_ps(r0, r1, 0x31));
+        _mm256_storeu_ps(o + 16, _mm256_permute2f128_ps(r2, r3, 0x20));
+        _mm256_storeu_ps(o + 24, _mm256_permute2f128_ps(r2, r3, 0x31));
+    }
+    return t;
+}
+
 static NOINLINE void accum_b1(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
                               const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w, int ld,
                               int rows, float *acc, int d) {
@@ -652,7 +746,7 @@ static NOINLINE void accum_b1(const vq_code_part *parts, int nparts, const float
             int R = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
             for (int i = 0; i < R; i++) {
                 const float *wr = w + (size_t)(r + i) * ld + t0;
-                for (int j = 0; j < cnt; j += 2) {
+                for (int j = pair_tables8(wr, nrm, cnt, p->table, pt + i * 2 * TOKENS); j < cnt; j += 2) {
                     float a = wr[j] * nrm[j], b = j + 1 < cnt ? wr[j + 1] * nrm[j + 1] : 0.0f;
                     _mm_storeu_ps(pt + i * 2 * TOKENS + 2 * j,
                                   _mm_fmadd_ps(_mm_set1_ps(a), lt, _mm_mul_ps(_mm_set1_ps(b), lu)));
