@@ -30,8 +30,10 @@
  * Codes come from the "plane" layout (pack.h): one plane byte holds the
  * same slot of 8/b channels, stride bytes apart, so a shift and a mask of a
  * run of bytes gives a run of consecutive channels. 3-bit codes are a 2-bit
- * plane set plus a 1-bit plane set counting 4 times; all sums here are
- * linear in the codes, so the two sets are accumulated one after the other.
+ * plane set plus a 1-bit plane set counting 4 times; the kernels join a
+ * run's two parts into c2 + 4 c1 before converting or multiplying (single
+ * value rows, rare, take the two sets one after the other: the sums are
+ * linear in the codes).
  * Rows go 4 at a time (the q heads of a GQA group share every code load),
  * leftover rows one at a time (MHA models: one row per kv head).
  */
@@ -80,39 +82,36 @@ static bool planes_ok(int bits, int d, int unit) {
 
 /* ------------------------------------------------------------------ keys */
 
-/* One plane set of a key's codes: b-bit slots, stride bytes apart; a code
- * of the set counts 2^shl (the high bit of 3-bit codes: 4). */
+/* How the key kernel walks a token's codes: b-bit slots of plane bytes
+ * stride bytes apart. whole: it reads each code as c itself (3-bit codes,
+ * the 2-bit slots with their high bit joined in by dot_b3), so q' carries
+ * no power of two. */
 typedef struct {
-    int b, shl, stride, off; /* off: the set's first byte in a token's codes */
+    int b, stride;
+    bool whole;
 } plane_set;
 
-static int plane_sets(int bits, int d, plane_set ps[2]) {
-    if (bits == 3) {
-        ps[0] = (plane_set){2, 0, d / 4, 0};
-        ps[1] = (plane_set){1, 2, d / 8, d / 4};
-        return 2;
-    }
-    ps[0] = (plane_set){bits, 0, (int)code_bytes(bits, d), 0};
-    return 1;
+static plane_set key_planes(int bits, int d) {
+    if (bits == 3) return (plane_set){2, d / 4, true};
+    return (plane_set){bits, (int)code_bytes(bits, d), false};
 }
 
 /* For one token group's fp16 scale sc and zero zr and the R rows of q:
- * q' = q_r,ch * sc_ch * 2^(shl - b j), j the slot of channel ch in the
- * plane set (j taken as 0 for the top slot, which is shifted), and
+ * q' = q_r,ch * sc_ch * 2^(-b j), j the slot of channel ch (j taken as 0
+ * for the top slot, which is shifted, and for whole codes), and
  * qz[r] = sum_ch q_r,ch * zr_ch (qz[R..3] = 0). Then q_r . k_t = the sum
- * over sets and channels of q' * (c * 2^(b j)) + qz[r].
+ * over channels of q' * (c * 2^(b j)) + qz[r].
  *
  * Why the power of two. The kernel masks a slot's codes in place instead
  * of shifting them down, so it sees c * 2^(b j); q' carries the inverse.
  * Scaling by a power of two is exact, so every product and sum is the same
  * float as with q_r,ch * sc_ch and c: one instruction less per 8 codes.
  *
- * Layout: q' is stored in the order dot_plane reads it, 8 floats for each
- * (8-byte step u, slot j, row r), so the kernel walks one pointer; with a
- * pointer per (slot, row) it ran out of registers. Set i starts at
- * qs + i * 4 * d. */
-static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, const plane_set *ps, int nsets,
-                                    const uint16_t *sc, const uint16_t *zr, float *qs, float *qz) {
+ * Layout: q' is stored in the order dot_plane and dot_b3 read it, 8
+ * floats for each (8-byte step u, slot j, row r), so the kernel walks one
+ * pointer; with a pointer per (slot, row) it ran out of registers. */
+static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, plane_set ps, const uint16_t *sc,
+                                    const uint16_t *zr, float *qs, float *qz) {
     __m256 z[4];
     for (int r = 0; r < R; r++) z[r] = _mm256_setzero_ps();
     for (int c = 0; c < d; c += 8) {
@@ -120,19 +119,17 @@ static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, const pl
         for (int r = 0; r < R; r++) z[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + c), zf, z[r]);
     }
     /* in reading order: step u, slot j, row r; channel c = j * stride + u */
-    for (int i = 0; i < nsets; i++) {
-        int b = ps[i].b, slots = 8 / b, stride = ps[i].stride;
-        float *o = qs + (size_t)i * 4 * d;
-        for (int u = 0; u < stride; u += 8)
-            for (int j = 0; j < slots; j++) {
-                int c = j * stride + u;
-                /* the top slot is shifted down, not masked: c itself */
-                __m256 f = pow2(ps[i].shl - (j == slots - 1 ? 0 : b * j));
-                __m256 sf = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + c))), f);
-                for (int r = 0; r < R; r++, o += 8)
-                    _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)r * d + c), sf));
-            }
-    }
+    int b = ps.b, slots = 8 / b;
+    float *o = qs;
+    for (int u = 0; u < ps.stride; u += 8)
+        for (int j = 0; j < slots; j++) {
+            int c = j * ps.stride + u;
+            /* the top slot is shifted down, not masked: c itself */
+            __m256 f = pow2(ps.whole || j == slots - 1 ? 0 : -b * j);
+            __m256 sf = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + c))), f);
+            for (int r = 0; r < R; r++, o += 8)
+                _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)r * d + c), sf));
+        }
     for (int r = 0; r < 4; r++) qz[r] = r < R ? hsum8(z[r]) : 0.0f;
 }
 
@@ -168,6 +165,32 @@ static ALWAYS_INLINE void dot_plane(const float *qs, const uint8_t *c, int strid
     }
 }
 
+/* dot_plane for 3-bit codes: per 8 channels, the 2-bit part (slot j of
+ * the 2-bit plane bytes) and the high bit (slot 2 j + u / s1 of the 1-bit
+ * plane bytes u mod s1, the same channels) joined into c2 + 4 c1 before
+ * one conversion and one FMA per row. One pass per plane set did every
+ * conversion and FMA twice. */
+static ALWAYS_INLINE void dot_b3(const float *qs, const uint8_t *c, int d, const int R, __m256 *acc) {
+    const int s2 = d / 4, s1 = d / 8;
+    const __m256i three = _mm256_set1_epi32(3), four = _mm256_set1_epi32(4);
+    const float *qp = qs;
+    for (int u = 0; u < s2; u += 8) {
+        __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + u)));
+        __m256i y = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + s2 + u % s1))), 2);
+        int k0 = u / s1; /* the 1-bit slot of j = 0 */
+        for (int j = 0; j < 4; j++) {
+            __m256i c2 = _mm256_and_si256(_mm256_srli_epi32(x, 2 * j), three);
+            __m256i c1 = _mm256_and_si256(_mm256_srli_epi32(y, 2 * j + k0), four);
+            __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(c2, c1));
+            for (int r = 0; r < R; r++) {
+                int i = R == 1 ? (j & 3) : r + 4 * (j & 1);
+                acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * r), f, acc[i]);
+            }
+            qp += 8 * R;
+        }
+    }
+}
+
 /* One token's per-lane partial dot products: v[r] for 4 rows (8 lanes
  * each, summed later), or for one row spread over v[0..3]. */
 static ALWAYS_INLINE void dot_token(const float *qs, const uint8_t *ct, int d, const int bits, const int R,
@@ -175,8 +198,7 @@ static ALWAYS_INLINE void dot_token(const float *qs, const uint8_t *ct, int d, c
     __m256 acc[8];
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
     if (bits == 3) {
-        dot_plane(qs, ct, d / 4, 2, R, acc);
-        dot_plane(qs + 4 * (size_t)d, ct + d / 4, d / 8, 1, R, acc);
+        dot_b3(qs, ct, d, R, acc);
     } else {
         dot_plane(qs, ct, (int)code_bytes(bits, d), bits, R, acc);
     }
@@ -190,13 +212,12 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
                                      int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
     size_t cb = code_bytes(bits, d);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
-    plane_set ps[2];
-    int nsets = plane_sets(bits, d, ps);
-    float *qs = scratch, *qz = scratch + 8 * (size_t)d; /* [set][4][d], [4] */
+    plane_set ps = key_planes(bits, d);
+    float *qs = scratch, *qz = scratch + 4 * (size_t)d; /* [4][d], [4] */
     for (int t = t0; t < t0 + n;) {
         int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
         const uint16_t *sc = meta + (size_t)g * 2 * d;
-        prep_keys(q, R, d, ps, nsets, sc, sc + d, qs, qz);
+        prep_keys(q, R, d, ps, sc, sc + d, qs, qz);
         __m128 vz = _mm_loadu_ps(qz);
         /* 4 rows: 8 tokens' per-lane partials are kept and summed by one
          * transposing hadd tree per row, 8 logits per store (instead of a
@@ -387,6 +408,61 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
     }
 }
 
+/* accum_slot16 for 3-bit codes: the 2-bit part from slot j of the 2-bit
+ * plane bytes c2, the high bit from slot j1 of the 1-bit plane bytes c1
+ * (the same 16 channels), joined into c2 + 4 c1 before the madds. Two
+ * passes, one per plane set, did every madd twice: 3-bit values cost about
+ * twice the 2-bit ones. */
+static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, size_t cb, int cn, const int32_t *wg,
+                                          const int j, const int j1, const float *deq, float *acc, int d) {
+    __m256i a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
+    for (int t = 0; t < cn; t += 2, c2 += 2 * cb, c1 += 2 * cb, wg++) {
+        __m128i xa = _mm_loadu_si128((const __m128i *)c2), ya = _mm_loadu_si128((const __m128i *)c1);
+        /* an odd last token is paired with itself: its partner's weight is 0 */
+        __m128i xb = t + 1 < cn ? _mm_loadu_si128((const __m128i *)(c2 + cb)) : xa;
+        __m128i yb = t + 1 < cn ? _mm_loadu_si128((const __m128i *)(c1 + cb)) : ya;
+        __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
+        __m256i hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
+        __m256i hlo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(ya, yb));
+        __m256i hhi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(ya, yb));
+        lo = _mm256_srli_epi16(_mm256_slli_epi16(lo, 14 - 2 * j), 14);
+        hi = _mm256_srli_epi16(_mm256_slli_epi16(hi, 14 - 2 * j), 14);
+        /* bit j1 to the top of the lane, down to bit 0, then counted 4 times */
+        hlo = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_slli_epi16(hlo, 15 - j1), 15), 2);
+        hhi = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_slli_epi16(hhi, 15 - j1), 15), 2);
+        lo = _mm256_add_epi16(lo, hlo);
+        hi = _mm256_add_epi16(hi, hhi);
+        for (int r = 0; r < 4; r++) {
+            __m256i w = _mm256_set1_epi32(wg[r * (CHUNK / 2)]);
+            a[2 * r] = _mm256_add_epi32(a[2 * r], _mm256_madd_epi16(lo, w));
+            a[2 * r + 1] = _mm256_add_epi32(a[2 * r + 1], _mm256_madd_epi16(hi, w));
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        float *o = acc + (size_t)r * d;
+        __m256 f = _mm256_set1_ps(deq[r]);
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r]), f, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r + 1]), f, _mm256_loadu_ps(o + 8)));
+    }
+}
+
+/* Every channel of 3-bit codes for one chunk and 4 rows. Channel
+ * ch = j s2 + u + i (s2 = d / 4, the 2-bit plane stride; u a multiple of
+ * 16) has its high bit in byte (u mod s1) + i, slot 2 j + u / s1, of the
+ * 1-bit planes (s1 = d / 8; s1 is a multiple of 16 here). */
+static void accum_planes_b3(const uint8_t *codes, size_t cb, int cn, int G, const int32_t *wp, const float *deq,
+                            float *acc, int d) {
+    const int s2 = d / 4, s1 = d / 8;
+    for (int u = 0; u < s2; u += 16)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            int ch = j * s2 + u, g = ch / G;
+            accum_slot16_b3(codes + u, codes + s2 + u % s1, cb, cn, wp + (size_t)g * 4 * (CHUNK / 2), j,
+                            2 * j + u / s1, deq, acc + ch, d);
+        }
+}
+
 /* All slots of one plane set for one chunk; a code of this plane set
  * counts 2^shl (the high bit of 3-bit codes: 4). wp is [group][row][pair]. */
 static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, int stride, const int bits, int shl,
@@ -501,7 +577,9 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                                   zv + (size_t)r * ng);
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
-        if (bits == 3) {
+        if (bits == 3 && R == 4) {
+            accum_planes_b3(codes, cb, cn, G, wp, deq, acc, d);
+        } else if (bits == 3) {
             accum_plane(codes, cb, cn, d / 4, 2, 0, G, wp, deq, R, acc, d);
             accum_plane(codes + d / 4, cb, cn, d / 8, 1, 2, G, wp, deq, R, acc, d);
         } else {
@@ -545,7 +623,7 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
 /* Scratch floats the two kernels above need (for 4 rows at a time). */
 size_t vq_kivi_scratch_avx2(const vq_mparams *p) {
     size_t d = (size_t)p->head_dim, ng = d / (size_t)p->group;
-    if (!p->is_value) return 8 * d + 4; /* q' [plane set][4][d], zero terms [4] */
+    if (!p->is_value) return 4 * d + 4; /* q' [4][d], zero terms [4] */
     /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], wp [ng][4][CHUNK/2],
      * zv [4][ng][8] and 8 floats to align it */
     return 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;
