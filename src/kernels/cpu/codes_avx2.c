@@ -313,33 +313,11 @@ static void pair_words(const uint8_t *a, const uint8_t *b, int m, uint32_t *out)
     }
 }
 
-/* The pair tables of signs_accum_span (entries -a-b, a-b, -a+b, a+b for
- * a = w_t gain_t, b = w_u gain_u; negation and multiplying by 1 are exact,
- * so these are the bits of its scalar loop) for 8 pairs at a time, for
- * the first cnt / 16 * 16 tokens; returns that count. pt: 4 floats a pair. */
-static int pair_tables8(const float *w, const float *gain, int cnt, float *pt) {
-    const __m256 neg = _mm256_set1_ps(-0.0f);
-    int t = 0;
-    for (; t + 16 <= cnt; t += 16) {
-        __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(w + t), _mm256_loadu_ps(gain + t));
-        __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(w + t + 8), _mm256_loadu_ps(gain + t + 8));
-        /* pairs 0, 1, 4, 5 | 2, 3, 6, 7 of the 8 */
-        __m256 a = _mm256_shuffle_ps(x0, x1, 0x88), b = _mm256_shuffle_ps(x0, x1, 0xDD);
-        __m256 na = _mm256_xor_ps(a, neg), nb = _mm256_xor_ps(b, neg);
-        __m256 e0 = _mm256_add_ps(na, nb), e1 = _mm256_add_ps(a, nb);
-        __m256 e2 = _mm256_add_ps(na, b), e3 = _mm256_add_ps(a, b);
-        __m256 u0 = _mm256_unpacklo_ps(e0, e1), u1 = _mm256_unpackhi_ps(e0, e1);
-        __m256 u2 = _mm256_unpacklo_ps(e2, e3), u3 = _mm256_unpackhi_ps(e2, e3);
-        __m256 r0 = _mm256_shuffle_ps(u0, u2, 0x44), r1 = _mm256_shuffle_ps(u0, u2, 0xEE); /* pairs 0, 2 | 1, 3 */
-        __m256 r2 = _mm256_shuffle_ps(u1, u3, 0x44), r3 = _mm256_shuffle_ps(u1, u3, 0xEE); /* pairs 4, 6 | 5, 7 */
-        float *o = pt + 2 * t;
-        _mm256_storeu_ps(o, _mm256_permute2f128_ps(r0, r1, 0x20));
-        _mm256_storeu_ps(o + 8, _mm256_permute2f128_ps(r0, r1, 0x31));
-        _mm256_storeu_ps(o + 16, _mm256_permute2f128_ps(r2, r3, 0x20));
-        _mm256_storeu_ps(o + 24, _mm256_permute2f128_ps(r2, r3, 0x31));
-    }
-    return t;
-}
+/* The pair tables of signs_accum_span are accum_b1's with the levels -1
+ * and +1 (entries -a-b, a-b, -a+b, a+b for a = w_t gain_t, b = w_u gain_u;
+ * multiplying by 1 is exact, so these are the bits of its scalar loop). */
+int vq_pair_tables8_avx2(const float *w, const float *scale, int cnt, const float *levels, float *pt);
+static const float sign_levels[2] = {-1.0f, 1.0f};
 
 /* Signs per span of signs_accum_span, and the index words of its 32 pairs
  * (64 words a pair). */
@@ -364,7 +342,7 @@ static void signs_accum_span(const uint8_t *signs, size_t stride, int m, const f
             int R = rows - r >= 4 ? 4 : 1;
             for (int i = 0; i < R; i++) {
                 const float *wr = w + (size_t)(r + i) * ld + t0;
-                int t = pair_tables8(wr, gain + t0, cnt, pt + i * 128);
+                int t = vq_pair_tables8_avx2(wr, gain + t0, cnt, sign_levels, pt + i * 128);
                 for (; t < cnt; t += 2) {
                     float a = wr[t] * gain[t0 + t], b = t + 1 < cnt ? wr[t + 1] * gain[t0 + t + 1] : 0.0f;
                     _mm_storeu_ps(pt + i * 128 + 2 * t,

@@ -697,8 +697,9 @@ static ALWAYS_INLINE void accum_pairs_rows(const uint16_t *pw, int len, int pair
 /* The pair tables of accum_b1 (entry a + 2 b: T[a] wt + T[b] wu, by one
  * FMA after a multiply, as its scalar loop computes them, so the same bits)
  * for 8 pairs at a time, for the first cnt / 16 * 16 tokens; returns that
- * count. pt: 4 floats a pair. */
-static int pair_tables8(const float *w, const float *nrm, int cnt, const float *levels, float *pt) {
+ * count. pt: 4 floats a pair. The sign sketch's tables (codes_avx2.c) are
+ * the same with the levels -1 and +1. */
+int vq_pair_tables8_avx2(const float *w, const float *nrm, int cnt, const float *levels, float *pt) {
     const __m256 l0 = _mm256_set1_ps(levels[0]), l1 = _mm256_set1_ps(levels[1]);
     int t = 0;
     for (; t + 16 <= cnt; t += 16) {
@@ -746,7 +747,7 @@ static NOINLINE void accum_b1(const vq_code_part *parts, int nparts, const float
             int R = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
             for (int i = 0; i < R; i++) {
                 const float *wr = w + (size_t)(r + i) * ld + t0;
-                for (int j = pair_tables8(wr, nrm, cnt, p->table, pt + i * 2 * TOKENS); j < cnt; j += 2) {
+                for (int j = vq_pair_tables8_avx2(wr, nrm, cnt, p->table, pt + i * 2 * TOKENS); j < cnt; j += 2) {
                     float a = wr[j] * nrm[j], b = j + 1 < cnt ? wr[j + 1] * nrm[j + 1] : 0.0f;
                     _mm_storeu_ps(pt + i * 2 * TOKENS + 2 * j,
                                   _mm_fmadd_ps(_mm_set1_ps(a), lt, _mm_mul_ps(_mm_set1_ps(b), lu)));

@@ -168,6 +168,26 @@ static __device__ void merge_row(const vq_cu_attn &P, int h, int seq, int hh, fl
     }
 }
 
+/* The thread block's warps' states of head hh at channel c: the largest
+ * max M (log2 units), and the sum L and channel c's accumulator A
+ * rescaled to it. */
+template <int G, int D>
+__device__ __forceinline__ void combine_warps(const float (*red_m)[G], const float (*red_l)[G],
+                                              const float (*red_acc)[G][D], int hh, int c, float &M, float &L,
+                                              float &A) {
+    M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) M = fmaxf(M, red_m[w][hh]);
+    L = 0;
+    A = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) {
+        const float f = red_m[w][hh] == -INFINITY ? 0.0f : exp2f(red_m[w][hh] - M);
+        L += red_l[w][hh] * f;
+        A += red_acc[w][hh][c] * f;
+    }
+}
+
 /* The merging instances (KIVI's window, up to 4 q heads per kv head) are held
  * to 3 thread blocks per SM (168 registers): uncapped they take 205, and then
  * the next decode's KIVI thread blocks, which start early and wait beside
@@ -362,16 +382,8 @@ __global__ void __launch_bounds__(WARPS * 32, MERGE && G <= 4 ? 3 : 0) rows_deco
          * thread rewrites only the elements it alone reads) */
         for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
             const int hh = idx / D, c = idx % D;
-            float M = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < WARPS; w++) M = fmaxf(M, red_m[w][hh]);
-            float L = 0, A = 0;
-#pragma unroll
-            for (int w = 0; w < WARPS; w++) {
-                const float f = red_m[w][hh] == -INFINITY ? 0.0f : exp2f(red_m[w][hh] - M);
-                L += red_l[w][hh] * f;
-                A += red_acc[w][hh][c] * f;
-            }
+            float M, L, A;
+            combine_warps<G, D>(red_m, red_l, red_acc, hh, c, M, L, A);
             red_acc[0][hh][c] = A;
             if (c == 0) {
                 win_ml[hh][0] = M * 0.6931471805599453f; /* natural-log units, as the partials */
@@ -391,16 +403,8 @@ __global__ void __launch_bounds__(WARPS * 32, MERGE && G <= 4 ? 3 : 0) rows_deco
     const int acc_off = VQ_CU_PART_ACC + (window && P.split ? D : 0);
     for (int idx = threadIdx.x; idx < g * D; idx += WARPS * 32) {
         const int hh = idx / D, c = idx % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) M = fmaxf(M, red_m[w][hh]);
-        float L = 0, A = 0;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) {
-            const float f = red_m[w][hh] == -INFINITY ? 0.0f : exp2f(red_m[w][hh] - M);
-            L += red_l[w][hh] * f;
-            A += red_acc[w][hh][c] * f;
-        }
+        float M, L, A;
+        combine_warps<G, D>(red_m, red_l, red_acc, hh, c, M, L, A);
         float *o = out + (size_t)hh * P.part_w;
         if (c == 0) {
             o[0] = M * 0.6931471805599453f; /* back to natural-log units */
@@ -426,13 +430,7 @@ static cudaError_t launch(const vq_cu_attn *P, int parts, int n_seqs, int first_
      * accumulators take more registers */
     constexpr int U = G == 8 ? 4 : 8;
     cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(parts, P->hkv, n_seqs);
-    cfg.blockDim = dim3(WARPS * 32);
-    cfg.attrs = &at;
-    cfg.numAttrs = P->pdl ? 1 : 0;
+    cudaLaunchConfig_t cfg = vq_cu_launch_config(dim3(parts, P->hkv, n_seqs), dim3(WARPS * 32), 0, P->pdl, &at);
     return cudaLaunchKernelEx(&cfg, rows_decode<FMT, D, G, U, MERGE>, *P, first_slot);
 }
 

@@ -717,13 +717,7 @@ cudaError_t vq_cu_kivi_fast_launch(const vq_cu_attn *P, int parts, int n_seqs) {
     cudaError_t e = prepare(P, &k, &r);
     if (e != cudaSuccess) return e;
     cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(parts, P->hkv, n_seqs);
-    cfg.blockDim = dim3(WARPS * 32);
-    cfg.dynamicSmemBytes = smem_bytes(P);
-    cfg.attrs = &at;
-    cfg.numAttrs = P->pdl_prior ? 1 : 0;
+    cudaLaunchConfig_t cfg =
+        vq_cu_launch_config(dim3(parts, P->hkv, n_seqs), dim3(WARPS * 32), smem_bytes(P), P->pdl_prior, &at);
     return cudaLaunchKernelEx(&cfg, k, *P);
 }

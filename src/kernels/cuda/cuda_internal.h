@@ -129,6 +129,21 @@ __device__ __forceinline__ void vq_cu_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 __device__ __forceinline__ void vq_cu_wait_primary() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+/* A launch of grid x block threads with smem bytes of dynamic shared
+ * memory, as a programmatic dependent of the stream's previous kernel when
+ * dependent is set; *at must live until the launch. */
+static inline cudaLaunchConfig_t vq_cu_launch_config(dim3 grid, dim3 block, size_t smem, bool dependent,
+                                                     cudaLaunchAttribute *at) {
+    at->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at->val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = at;
+    cfg.numAttrs = dependent ? 1 : 0;
+    return cfg;
+}
 
 /* Sequence s of the attention arguments. The kernels take them as a
  * __grid_constant__ parameter, so the inline arrays are read in place. */
