@@ -7,6 +7,7 @@ extern "C" {
 #include "core/rotate.h"
 }
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,41 @@ vq_status vq_cu_staging(struct vq_cuda_cache *g, size_t bytes) {
     return VQ_OK;
 }
 
+/* The cell of x in a tq-mse cell table (cuda_internal.h): x * scale is
+ * exact (a power of two), so its sum with 1.5 * 2^23 rounds as the
+ * kernel's FMA rounds it, and the difference is the integer cell. */
+static int tq_cell(float x, float scale) {
+    const float magic = 12582912.0f;
+    float t = x * scale + magic;
+    return (int)(t - magic);
+}
+
+/* The smallest power of two that puts no two boundaries of the codebook
+ * in one cell, and the cells from the lowest boundary's to the highest's;
+ * an error if that needs more than VQ_CU_TQ_CELLS cells (Lloyd-Max
+ * boundaries at head dims 64..256 and 1..4 bits need 1..27). */
+static vq_status tq_cells(const vq_codebook *cb, vq_cu_method *m) {
+    const int nb = cb->n - 1;
+    for (int k = -4; k <= 16; k++) {
+        const float scale = ldexpf(1.0f, k);
+        int c[VQ_CODEBOOK_MAX], lo = 0, hi = 0, apart = 1;
+        for (int i = 0; i < nb; i++) {
+            c[i] = tq_cell(cb->boundary[i], scale);
+            if (i == 0 || c[i] < lo) lo = c[i];
+            if (i == 0 || c[i] > hi) hi = c[i];
+            for (int j = 0; j < i; j++) apart &= c[j] != c[i];
+        }
+        if (!apart) continue;
+        if (hi - lo + 1 > VQ_CU_TQ_CELLS) break;
+        m->cell_scale = scale;
+        m->cell_lo = lo;
+        m->n_cells = hi - lo + 1;
+        return VQ_OK;
+    }
+    return vq_fail(VQ_ERR_UNSUPPORTED, "tq-mse: %d-bit codebook boundaries too close for the CUDA encoder's table of %d "
+                   "cells", cb->bits, VQ_CU_TQ_CELLS);
+}
+
 /* The kernels' view of one method instance, or an error naming what is
  * not supported on the GPU. */
 static vq_status method_for_gpu(const vq_mparams *p, int d, vq_cu_method *m) {
@@ -81,7 +117,7 @@ static vq_status method_for_gpu(const vq_mparams *p, int d, vq_cu_method *m) {
         const vq_codebook *cb = p->cb[0];
         for (int i = 0; i < cb->n; i++) m->centroid[i] = cb->centroid[i];
         for (int i = 0; i + 1 < cb->n; i++) m->boundary[i] = cb->boundary[i];
-        return VQ_OK;
+        return tq_cells(cb, m);
     }
     return vq_fail(VQ_ERR_UNSUPPORTED, "method '%s' has no CUDA kernels (CUDA caches support fp16, kivi, tq-mse)", name);
 }
@@ -135,6 +171,10 @@ extern "C" vq_status vq_cuda_cache_init(vq_cache *c) {
         g->mv.signs = g->signs + d;
     }
     if (e != cudaSuccess) return vq_cu_fail(e, "allocating a CUDA cache's tables and window");
+    if (mk.kind == VQ_CU_TQ_MSE || mv.kind == VQ_CU_TQ_MSE) {
+        e = vq_cu_append_init();
+        if (e != cudaSuccess) return vq_cu_fail(e, "setting the append kernel's attributes");
+    }
     /* both window buffers count: they are real device memory */
     c->window_bytes = 2 * win_rows * ((size_t)d * 4 + sizeof(int32_t));
     return VQ_OK;

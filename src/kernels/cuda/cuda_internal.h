@@ -24,7 +24,15 @@ typedef struct {
     const float *signs; /* tq-mse: the Hadamard signs [d] in device memory */
     float centroid[16]; /* tq-mse */
     float boundary[15]; /* tq-mse */
+    /* tq-mse: the append kernel codes by a table of cells (encode.cu), cell
+     * c holding the x with RN(x cell_scale + 1.5 * 2^23) = 1.5 * 2^23 + c,
+     * cell_lo .. cell_lo + n_cells - 1 (the ends take everything beyond);
+     * cell_scale is a power of two for which no cell holds two boundaries. */
+    float cell_scale;
+    int cell_lo, n_cells;
 } vq_cu_method;
+
+#define VQ_CU_TQ_CELLS 64 /* the most cells a tq-mse table has */
 
 /* One sequence's (cache, layer) for the attention kernels. */
 typedef struct {
@@ -86,6 +94,9 @@ typedef struct {
     int32_t last;
 } vq_cu_append_args;
 cudaError_t vq_cu_launch_append(const vq_cu_append_args *a);
+/* Kernel attributes for the append kernels of a cache with tq-mse, once
+ * on its device. */
+cudaError_t vq_cu_append_init(void);
 
 #define VQ_CU_RMAX 8 /* query rows per attention thread block */
 /* Offset of the accumulator in a partial row (after max and sum): 16-byte

@@ -21,7 +21,8 @@
  * - tq-mse keeps 8 channels of a row per lane: the Hadamard transform and
  *   the packing of codes are shuffles between the lanes of a row (a lane's
  *   8 codes fill one 8-byte word of a plane, and the lanes that share those
- *   bytes OR their words together).
+ *   bytes OR their words together); a code is a count read from a table of
+ *   cells plus one comparison (tq_cell_table).
  * The kernel is compiled once per set of quantizers a cache uses, so each
  * instance allocates registers for its own paths only.
  *
@@ -387,11 +388,6 @@ __device__ __forceinline__ void stage(const vq_cu_append_args &a, bool al, int h
     __syncwarp();
 }
 
-/* This lane's 8 channels of tile row `row` as floats (zeros off the row). */
-__device__ __forceinline__ void tile_row(const uint16_t *tile, int pitch, int row, bool ok, const lanes &L, float x[8]) {
-    to_float8(ok ? *(const uint4 *)(tile + row * pitch + L.c0) : make_uint4(0, 0, 0, 0), x);
-}
-
 /* KIVI: each lane codes whole packed rows, a tile row per lane, from
  * parameters in the warp's shared prm (pack_row), so no lane waits for
  * another (no shuffles); the min and max folds run in the lane, over a
@@ -677,15 +673,43 @@ __device__ __forceinline__ void enc_kivi(const vq_cu_append_args &a, bool al, co
     }
 }
 
+/* tq-mse codes: the CPU's code of x is the number of boundaries b with
+ * x > b. The kernel maps x to a cell, RN(x S + M) - M clamped to the table
+ * (S = cell_scale, M = 1.5 * 2^23: an integer in the low mantissa bits), a
+ * function that never decreases as x grows; so every boundary of a lower
+ * cell is below x and none of a higher cell is, and the code is the count
+ * of boundaries in lower cells plus one comparison with the boundary in
+ * x's cell, which holds at most one (cuda_cache.cu picks S). A NaN, above
+ * no boundary, is clamped into the lowest cell, whose count is 0. Entry c
+ * of a table: (the boundary in cell cell_lo + c or +inf, the count below
+ * it as int bits), built by thread `c` from the method's boundaries with
+ * the same arithmetic as the codes. */
+#define TQ_MAGIC 12582912.0f
+static_assert(WARPS * 32 == 2 * VQ_CU_TQ_CELLS, "a thread per cell of the two tables");
+
+__device__ __forceinline__ void tq_cell_table(const vq_cu_method &m, int c, float2 *cells) {
+    if (m.kind != VQ_CU_TQ_MSE || c >= m.n_cells) return;
+    const float lo = TQ_MAGIC + (float)m.cell_lo;
+    float bnd = INFINITY;
+    int below = 0;
+    for (int i = 0; i < (1 << m.bits) - 1; i++) {
+        const int ci = __float_as_int(__fmaf_rn(m.boundary[i], m.cell_scale, TQ_MAGIC)) - __float_as_int(lo);
+        below += ci < c;
+        if (ci == c) bnd = m.boundary[i];
+    }
+    cells[c] = make_float2(bnd, __int_as_float(below));
+}
+
 /* One chunk of n <= 32 rows (stream tokens c ..) of tq-mse, from a tile.
  * Kept apart from its loop: this way ptxas spills less (24 B of spill
  * stores for the kernel, 32 B inline) and 8192 tq-mse tokens appended in
  * 60.0 us against 61.4 us inline (two calls on an H200). */
 __device__ __forceinline__ void tq_chunk(const vq_cu_append_args &a, const vq_cu_method &m, size_t off, int h, int c,
-                                         int n, const lanes &L, const uint16_t *tile, const float *bnd,
-                                         const float sg[8], const packer &pk) {
-    const int d = a.d, bits = m.bits, cb = m.code_bytes, pitch = d + 8;
+                                         int n, const lanes &L, const uint16_t *tile, const float2 *cells,
+                                         uint4 sgn, const packer &pk) {
+    const int d = a.d, cb = m.code_bytes, pitch = d + 8;
     const float scale = 1.0f / sqrtf((float)d);
+    const float cs = m.cell_scale, lo = TQ_MAGIC + (float)m.cell_lo, hi = lo + (float)(m.n_cells - 1);
     const cursor at = cursor_at(a, c);
     float inv = 0;
     if (L.lane < n) {
@@ -706,10 +730,14 @@ __device__ __forceinline__ void tq_chunk(const vq_cu_append_args &a, const vq_cu
     for (int r = 0; r < n; r += L.tpw) {
         int row = r + L.sub;
         bool ok = row < n;
+        /* the signs as the fp16 values' sign bits: RN(-x iv) = -RN(x iv),
+         * the CPU's (x inv) * sign bit for bit */
+        uint4 u = ok ? *(const uint4 *)(tile + row * pitch + L.c0) : make_uint4(0, 0, 0, 0);
+        u = make_uint4(u.x ^ sgn.x, u.y ^ sgn.y, u.z ^ sgn.z, u.w ^ sgn.w);
         float x[8];
-        tile_row(tile, pitch, row, ok, L, x);
+        to_float8(u, x);
         float iv = __shfl_sync(FULL, inv, row & 31);
-        for (int j = 0; j < 8; j++) x[j] = __fmul_rn(__fmul_rn(x[j], iv), sg[j]);
+        for (int j = 0; j < 8; j++) x[j] = __fmul_rn(x[j], iv);
         for (int hh = 1; hh < 8; hh *= 2)
             for (int j = 0; j < 8; j++)
                 if (!(j & hh)) {
@@ -724,12 +752,15 @@ __device__ __forceinline__ void tq_chunk(const vq_cu_append_args &a, const vq_cu
             float sgn = L.lane & k ? -1.0f : 1.0f;
             for (int j = 0; j < 8; j++) x[j] = __fmaf_rn(x[j], sgn, __shfl_xor_sync(FULL, x[j], k));
         }
-        /* the number of boundaries below x, by bisection (they ascend);
-         * the 8 channels' lookups of a step are independent */
+        /* the number of boundaries below x: those of the cells below x's
+         * cell, plus the one in its cell if x is above it (tq_cell_table) */
         int code[8];
-        for (int j = 0; j < 8; j++) x[j] = __fmul_rn(x[j], scale), code[j] = 0;
-        for (int step = 1 << (bits - 1); step; step >>= 1)
-            for (int j = 0; j < 8; j++) code[j] += x[j] > bnd[code[j] + step - 1] ? step : 0;
+        for (int j = 0; j < 8; j++) {
+            const float z = __fmul_rn(x[j], scale);
+            const float f = fminf(fmaxf(__fmaf_rn(z, cs, TQ_MAGIC), lo), hi); /* a NaN goes to the lowest */
+            const float2 e = cells[__float_as_int(f) - __float_as_int(lo)];
+            code[j] = __float_as_int(e.y) + (z > e.x);
+        }
         int t = 0;
         uint8_t *blk = ok ? block_at(a, h, at, row, &t) + off : NULL;
         put_codes(code, pk, L, ok ? blk + (size_t)t * cb : NULL, ok);
@@ -741,15 +772,17 @@ __device__ __forceinline__ void tq_chunk(const vq_cu_append_args &a, const vq_cu
  * fp64 sum, bit for bit); the Hadamard butterflies run in registers, then
  * across lanes. */
 __device__ void enc_tq_mse(const vq_cu_append_args &a, bool al, const vq_cu_method &m, size_t off, bool value, int h,
-                           int i0, int cnt, const lanes &L, uint16_t *tile, const float *bnd, bulk &B) {
+                           int i0, int cnt, const lanes &L, uint16_t *tile, const float2 *cells, bulk &B) {
     const int R = tile_rows(a.d);
     const packer pk = packer_for(m.bits, a.d, L);
-    float sg[8];
-    for (int j = 0; j < 8; j++) sg[j] = m.signs[L.c0 + j];
+    uint32_t w[4];
+    for (int j = 0; j < 4; j++)
+        w[j] = (m.signs[L.c0 + 2 * j] < 0 ? 0x8000u : 0) | (m.signs[L.c0 + 2 * j + 1] < 0 ? 0x80000000u : 0);
+    const uint4 sgn = make_uint4(w[0], w[1], w[2], w[3]);
     for (int c = i0; c < i0 + cnt; c += R) {
         const int n = i0 + cnt - c < R ? i0 + cnt - c : R;
         stage(a, al, h, c, n, value, L, tile, B);
-        tq_chunk(a, m, off, h, c, n, L, tile, bnd, sg, pk);
+        tq_chunk(a, m, off, h, c, n, L, tile, cells, sgn, pk);
     }
 }
 
@@ -763,7 +796,8 @@ enum { PATH_KIVI = 1, PATH_TQ = 2 };
  * unit) of the window. */
 template <int PATHS>
 __device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, int unit, int enc_units, bool aligned,
-                                         const lanes &L, uint16_t *tile, float4 *prm, float (*bnd)[16], bulk &B) {
+                                         const lanes &L, uint16_t *tile, float4 *prm, float2 (*cells)[VQ_CU_TQ_CELLS],
+                                         bulk &B) {
     const int enc_tokens = a.flushes * a.flush, enc_items = 2 * enc_units * a.H;
     if (item < enc_items) {
         const bool value = item & 1;
@@ -773,7 +807,7 @@ __device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, i
         const size_t off = value ? a.k_bytes : 0;
         if (m.kind == VQ_CU_FP16) enc_fp16(a, aligned, off, value, h, i0, cnt, L);
         else if ((PATHS & PATH_KIVI) && m.kind == VQ_CU_KIVI) enc_kivi(a, aligned, m, value, h, i0, cnt, L, tile, prm, B);
-        else if (PATHS & PATH_TQ) enc_tq_mse(a, aligned, m, off, value, h, i0, cnt, L, tile, bnd[value], B);
+        else if (PATHS & PATH_TQ) enc_tq_mse(a, aligned, m, off, value, h, i0, cnt, L, tile, cells[value], B);
         if (!value)
             for (int t = L.lane; t < cnt; t += 32) {
                 int tb;
@@ -811,16 +845,19 @@ __device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, i
 
 /* At most 128 registers: 4 thread blocks (16 warps) per SM. KIVI alone at
  * 5 blocks (96 registers) spilled in the key paths and took 20-30 % longer
- * on an H200. */
+ * on an H200. tq-mse alone staged by bulk copies needs 72 registers at 5
+ * blocks (20 warps) without spills, and its appends of 65536 tokens took
+ * 4 % less than at 4 blocks (6 blocks: the same as 5). */
+#define TQ_BULK_BLOCKS 5
 template <int PATHS, bool COPY>
-__global__ void __launch_bounds__(WARPS * 32, 4)
+__global__ void __launch_bounds__(WARPS * 32, PATHS == PATH_TQ && COPY ? TQ_BULK_BLOCKS : 4)
     append_kernel(const __grid_constant__ vq_cu_append_args a, int unit, int enc_units, int items, bool aligned) {
     extern __shared__ uint4 tiles[]; /* quantizers: one tile per warp, then one prm per warp */
-    __shared__ float bnd[2][16];     /* tq-mse boundaries, k then v */
-    __shared__ uint64_t bars[WARPS]; /* one mbarrier per warp for its bulk copies */
+    __shared__ float2 cells[2][VQ_CU_TQ_CELLS]; /* tq-mse cell tables, k then v */
+    __shared__ uint64_t bars[WARPS];            /* one mbarrier per warp for its bulk copies */
     const int warp = threadIdx.x / 32;
-    if (threadIdx.x == 0)
-        for (int b = 0; b < 15; b++) bnd[0][b] = a.mk.boundary[b], bnd[1][b] = a.mv.boundary[b];
+    if (PATHS & PATH_TQ) tq_cell_table(threadIdx.x < VQ_CU_TQ_CELLS ? a.mk : a.mv, threadIdx.x % VQ_CU_TQ_CELLS,
+                                       cells[threadIdx.x / VQ_CU_TQ_CELLS]);
     bulk B = {(unsigned)__cvta_generic_to_shared(&bars[warp]), 0, COPY};
     if (threadIdx.x % 32 == 0) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(B.bar) : "memory");
@@ -832,7 +869,7 @@ __global__ void __launch_bounds__(WARPS * 32, 4)
     float4 *prm = (float4 *)((uint16_t *)tiles + (size_t)WARPS * tile_rows(a.d) * (a.d + 8)) +
                   (size_t)warp * prm_slots(a);
     const int item = blockIdx.x * WARPS + warp;
-    if (item < items) run_item<PATHS>(a, item, unit, enc_units, aligned, L, tile, prm, bnd, B);
+    if (item < items) run_item<PATHS>(a, item, unit, enc_units, aligned, L, tile, prm, cells, B);
 }
 
 template <int PATHS, bool COPY>
@@ -864,6 +901,15 @@ static cudaError_t launch(const vq_cu_append_args *a, int unit, int enc_units, l
     if constexpr (PATHS != 0)
         if (aligned && a->dtype != VQ_F32) return launch_one<PATHS, true>(a, unit, enc_units, items, aligned, smem);
     return launch_one<PATHS, false>(a, unit, enc_units, items, aligned, smem);
+}
+
+/* 5 blocks of the tq-mse bulk-copy instance need 5 x 36 KB of shared
+ * memory an SM: the carveout at its maximum (measured so; set once per
+ * cache, on its device, rather than per launch, which one-token appends
+ * would pay in host time). */
+cudaError_t vq_cu_append_init(void) {
+    return cudaFuncSetAttribute(append_kernel<PATH_TQ, true>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                cudaSharedmemCarveoutMaxShared);
 }
 
 cudaError_t vq_cu_launch_append(const vq_cu_append_args *a) {
