@@ -257,6 +257,46 @@ static void test_batch(const char *spec, vq_rng *r) {
     for (int i = 0; i < 3; i++) free_pair(&p[i]);
 }
 
+/* The KIVI decode kernel's 64-token instance runs a mask-free body for
+ * blocks whose tokens are all valid and all at or before the query position,
+ * and the masked body otherwise. For every pair of key and value bits and
+ * both q-head layouts (4 and 8 q heads per kv head): a last block half full
+ * (n_quant = 8.5 blocks), a query position at the last token (every block
+ * passes the position test), and one inside the second block (that full
+ * block is masked from its 22nd token on, the later ones entirely). */
+static void test_kivi_full_blocks(vq_rng *r) {
+    static const char *specs[] = {"kivi:bits=2", "k=kivi:bits=2;v=kivi:bits=4", "k=kivi:bits=4;v=kivi:bits=2",
+                                  "kivi:bits=4"};
+    for (int s = 0; s < 4; s++)
+        for (int hq = 8; hq <= 16; hq += 8) {
+            pair p = make_pair(specs[s], hq, 2, 128, 1024, 1);
+            if (!p.gpu || !p.cpu) {
+                free_pair(&p);
+                return;
+            }
+            /* window of 128 .. 159 tokens (residual 128, flushes of 32):
+             * 700 tokens leave 544 quantized, the last block 32 of 64 */
+            append_both(&p, 0, 700, 2, VQ_F32, r, 1, 0, 0);
+            const vq_stream *st = &p.cpu->streams[0];
+            CHECK(p.cpu->block_tokens == 64 && st->n_quant % 64 == 32 && st->n_quant >= 128,
+                  "%s: expected a half-full last block of 64 tokens, got %lld tokens in blocks of %d", specs[s],
+                  (long long)st->n_quant, p.cpu->block_tokens);
+            /* positions 0, 2, 4, ...: position 2 * 85 + 1 sees tokens 0 .. 85 */
+            const int back = (int)vq_cache_last_pos(p.cpu, 0) - (2 * 85 + 1);
+            double e1 = attend_err(&p.gpu, 1, 0, 1, 0, 0, VQ_F32, r);
+            double e2 = attend_err(&p.gpu, 1, 0, 1, 1, 0, VQ_F32, r);
+            double e3 = attend_err(&p.gpu, 1, 0, 1, 1, back, VQ_F32, r);
+            CHECK(e1 < 1e-3 && e2 < 1e-3 && e3 < 1e-3,
+                  "%s, %d q heads per kv head: relative error decode %.2e, at the last position %.2e, inside block 1 "
+                  "%.2e",
+                  specs[s], hq / 2, e1, e2, e3);
+            printf("%-30s %d q heads per kv head, last block 32 of 64: decode %.1e, q_pos last %.1e, inside "
+                   "block 1 %.1e\n",
+                   specs[s], hq / 2, e1, e2, e3);
+            free_pair(&p);
+        }
+}
+
 /* The KIVI decode kernel folds the value scales into the fp16
  * probabilities and the key scales into an fp16 hi + lo q: tiny values
  * (p * scale below fp16's normal range without the kernel's per-block
@@ -450,6 +490,7 @@ int main(int argc, char **argv) {
     test_batch("kivi:bits=2", &r);
     test_batch("fp16", &r);
     test_batch("tq-mse:bits=4", &r);
+    test_kivi_full_blocks(&r);
     test_scaled("kivi:bits=2", 1.0f, 1e-3f, &r);
     test_scaled("kivi:bits=4", 1.0f, 1e-3f, &r);
     test_scaled("kivi:bits=4,group=64", 1.0f, 1e-5f, &r);

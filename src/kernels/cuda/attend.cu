@@ -55,9 +55,16 @@
  * 25.9-26.1 us, the 3 resident 28.3 us. */
 #define KIVI_ONE_WAVE_PER_SM 2
 
+/* Whole waves of thread blocks that a decode launch starts from (fewer
+ * while a warp would get under DECODE_MIN_WARP_BLOCKS blocks). H200, KIVI
+ * 2-bit, two waves against three: 8 x 32768 84.6 -> 81.0 us (11 blocks per
+ * warp instead of 7, fewer per-warp prologues and partials), 32 x 16384
+ * -1.2 %, 8 x 131072 -0.3 %; fp16 and tq-mse 4-bit 8 x 16384 within 0.3 %. */
+#define DECODE_WAVES 2
+
 /* Partitions per (kv head, sequence) for the decode kernels, whose warps
  * take whole blocks: whole waves of thread blocks (a part-filled last wave
- * leaves SMs idle at the end; three waves even out the blocks' speeds) as
+ * leaves SMs idle at the end), DECODE_WAVES or fewer, as
  * long as every warp keeps DECODE_MIN_WARP_BLOCKS blocks, else one wave of
  * at most one_wave_per_sm thread blocks per SM, each warp at least one
  * block; per_sm: the kernel's resident thread blocks per SM. On the H200
@@ -66,7 +73,7 @@
  * (4 per warp) 42 us. */
 static int decode_parts(int n_sms, int per_sm, int one_wave_per_sm, long long pairs, int max_blocks, int warps) {
     const long long slots = (long long)n_sms * per_sm;
-    for (int waves = 3; waves > 1; waves--) {
+    for (int waves = DECODE_WAVES; waves > 1; waves--) {
         long long parts = slots * waves / pairs;
         if (parts >= 1 && max_blocks >= parts * warps * DECODE_MIN_WARP_BLOCKS) return (int)parts;
     }

@@ -78,6 +78,14 @@ template <bool G4>
 static __host__ __device__ constexpr size_t warp_stride(int bt, size_t k_bytes, size_t v_bytes) {
     return 2 * (k_bytes + 4 * (size_t)bt + v_bytes) + (G4 ? 4 : 8) * 2 * (size_t)ps_stride<G4>(bt);
 }
+/* The key and value parts of a block with 64 tokens and key groups of 32
+ * (FIXED): codes, then a (scale, zero) pair per key group and channel or per
+ * token and value group. kernel_g takes the FIXED instance only when the
+ * cache's sizes are these. */
+template <int KB>
+static __host__ __device__ constexpr int fixed_k_bytes() { return MAX_BT * KB * D / 8 + (MAX_BT / 32) * 2 * D * 2; }
+template <int VB, int GV>
+static __host__ __device__ constexpr int fixed_v_bytes() { return MAX_BT * VB * D / 8 + MAX_BT * (D / GV) * 2 * 2; }
 /* A warp's state per q row in the merge: max, sum, acc[D], the sums of
  * p * zero per value channel group (at most 4 groups at d = 128). */
 #define ROW_W (2 + D + 4)
@@ -147,11 +155,15 @@ static __device__ __forceinline__ int key_channel(int j, int s, int e) {
 }
 
 /* The value channel of tile T, m-row i (+8 when hi). Tiles: (slot, half,
- * pair u); 2 bits: 4 slots x 2 pairs, 4 bits: 2 slots x 2 halves x 2. */
+ * pair u); 2 bits: 4 slots x 2 (u: the even or odd bytes), 4 bits: 2 slots
+ * x 2 halves x 2. 2 bits: row i is byte 2i + u of the token's codes, row
+ * i + 8 byte 16 + 2i + u (the ldmatrix layout, see values); byte b holds
+ * channels b + 32 p. */
 template <int VB>
 static __device__ __forceinline__ int value_channel(int T, int i, int hi) {
     int u = T & 1, h = VB == 4 ? (T >> 1) & 1 : 0, slot = VB == 4 ? T >> 2 : T >> 1;
-    return 32 * h + 4 * i + 2 * u + hi + (VB == 2 ? 32 : 64) * slot;
+    if (VB == 2) return 2 * i + u + 16 * hi + 32 * slot;
+    return 32 * h + 4 * i + 2 * u + hi + 64 * slot;
 }
 
 /* The per-channel key parameters (fp16) lane group j needs, as the half2
@@ -223,7 +235,10 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, i = lane >> 2, j = lane & 3;
     const int h = blockIdx.y, seq = blockIdx.z, part = blockIdx.x;
     const int bt = FIXED ? 64 : P.bt, GK = FIXED ? 32 : P.mk.group;
-    const int kbytes = (int)P.k_bytes, vbytes = (int)P.v_bytes, kp = kbytes + 4 * bt;
+    /* FIXED: the parts' sizes as constants, so the staging copies unroll
+     * without loop control (~170 fewer instructions per block) */
+    const int kbytes = FIXED ? fixed_k_bytes<KB>() : (int)P.k_bytes;
+    const int vbytes = FIXED ? fixed_v_bytes<VB, GV>() : (int)P.v_bytes, kp = kbytes + 4 * bt;
     const int pst = ps_stride<G4>(bt);
     unsigned char *const kbuf = smem + (size_t)warp * warp_stride<G4>(bt, P.k_bytes, P.v_bytes);
     unsigned char *const vbuf = kbuf + 2 * (size_t)kp;
@@ -284,7 +299,9 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         if (k < nb) {
             const uint8_t *src = table[b0 + warp + k * WARPS];
             unsigned char *dst = kbuf + (size_t)(k & 1) * kp;
+#pragma unroll
             for (int x = lane; x < kbytes / 16; x += 32) cp_async16(dst + 16 * x, src + 16 * x);
+#pragma unroll
             for (int x = lane; x < bt / 4; x += 32) cp_async16(dst + kbytes + 16 * x, src + kbytes + vbytes + 16 * x);
         }
         cp_async_commit();
@@ -293,6 +310,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         if (k < nb) {
             const uint8_t *src = table[b0 + warp + k * WARPS] + kbytes;
             unsigned char *dst = vbuf + (size_t)(k & 1) * vbytes;
+#pragma unroll
             for (int x = lane; x < vbytes / 16; x += 32) cp_async16(dst + 16 * x, src + 16 * x);
         }
         cp_async_commit();
@@ -301,7 +319,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     /* scores, still times Q_SCALE: G4: the lane's token i + 8 (j >> 1)
      * for heads 2 (j & 1) + {0, 1}; else tokens i, i + 8 for heads
      * 2j + {0, 1}; mx: the lane's largest (rows 2j, 2j + 1) */
-    auto scores = [&](const unsigned char *blk, int n, score_t &sc, float (&mx)[2]) {
+    auto scores = [&](const unsigned char *blk, int n, int32_t qp, score_t &sc, float (&mx)[2]) {
         const uint16_t *kmeta = (const uint16_t *)(blk + (size_t)bt * kcb);
         const int32_t *kpos = (const int32_t *)(blk + kbytes);
         mx[0] = mx[1] = -INFINITY;
@@ -414,14 +432,14 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                     const float s0 = (up ? c[0] : c[2]) + __shfl_xor_sync(0xffffffffu, up ? c[2] : c[0], 2);
                     const float s1 = (up ? c[1] : c[3]) + __shfl_xor_sync(0xffffffffu, up ? c[3] : c[1], 2);
                     const int tk = t0 + 16 * tt + i + 8 * (j >> 1);
-                    const bool v = tk < n && kpos[tk] <= qpos;
+                    const bool v = tk < n && kpos[tk] <= qp;
                     sc[t16][0] = v ? s0 : -INFINITY;
                     sc[t16][1] = v ? s1 : -INFINITY;
                     mx[0] = fmaxf(mx[0], sc[t16][0]);
                     mx[1] = fmaxf(mx[1], sc[t16][1]);
                 } else {
                     int ta = t0 + 16 * tt + i, tb = ta + 8;
-                    bool va = ta < n && kpos[ta] <= qpos, vb = tb < n && kpos[tb] <= qpos;
+                    bool va = ta < n && kpos[ta] <= qp, vb = tb < n && kpos[tb] <= qp;
                     sc[t16][0] = va ? c[0] : -INFINITY;
                     sc[t16][1] = va ? c[1] : -INFINITY;
                     sc[t16][2] = vb ? c[2] : -INFINITY;
@@ -482,12 +500,14 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     auto values = [&](const unsigned char *vblk, int n) {
         const uint16_t *vmeta = (const uint16_t *)(vblk + (size_t)bt * vcb);
         /* values, 16 tokens per k-step; lane group j takes tokens
-         * 4j + ((q + j) & 3) (the rotation puts the code loads of the four
-         * lane groups in different banks). Per channel group, O^T += C^T P'
-         * with A = the raw codes (exact halves) and B = P' = p * scale, the
-         * token's scale of the group folded into its probability; the
-         * zeros add sum_t p_t zero_t,g to the group's channels, one more
-         * mma per k-step with rows = channel groups, A = the zeros, B = p.
+         * 2j, 2j + 1, 2j + 8, 2j + 9 (2 bits: the k order of the codes that
+         * ldmatrix delivers) or 4j + ((q + j) & 3) (4 bits: the rotation
+         * puts the code loads of the four lane groups in different banks).
+         * Per channel group, O^T += C^T P' with A = the raw codes (exact
+         * halves) and B = P' = p * scale, the token's scale of the group
+         * folded into its probability; the zeros add sum_t p_t zero_t,g to
+         * the group's channels, one more mma per k-step with rows = channel
+         * groups, A = the zeros, B = p.
          * Padding tokens (past n) have p = 0; their scales and zeros are
          * masked to 0 as well, whatever their bytes hold. */
 #pragma unroll
@@ -495,12 +515,13 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             if (t0 >= bt) break;
             int tq[4];
 #pragma unroll
-            for (int q = 0; q < 4; q++) tq[q] = t0 + 4 * j + ((q + j) & 3);
+            for (int q = 0; q < 4; q++)
+                tq[q] = VB == 2 ? t0 + 2 * j + (q & 1) + 8 * (q >> 1) : t0 + 4 * j + ((q + j) & 3);
             uint32_t ph[4]; /* fp16 p of B column i (G4: zero past the 4 rows) */
             uint32_t mw[4][NG]; /* [q][group]: (scale, zero) as two halves */
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                ph[q] = !G4 || i < PROWS ? __half_as_ushort(ps[i * pst + tq[q]]) : 0u;
+                if constexpr (VB == 4) ph[q] = !G4 || i < PROWS ? __half_as_ushort(ps[i * pst + tq[q]]) : 0u;
                 const uint32_t *mp = (const uint32_t *)(vmeta + (size_t)tq[q] * NG * 2);
                 if constexpr (NG == 4) {
                     uint4 x = *(const uint4 *)mp;
@@ -514,7 +535,13 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             }
             const uint32_t ok01 = (tq[0] < n ? 0xffffu : 0u) | (tq[1] < n ? 0xffff0000u : 0u);
             const uint32_t ok23 = (tq[2] < n ? 0xffffu : 0u) | (tq[3] < n ? 0xffff0000u : 0u);
-            const uint32_t bp0 = ph[0] | ph[1] << 16, bp1 = ph[2] | ph[3] << 16;
+            uint32_t bp0, bp1; /* p of B column i, tokens tq[0], tq[1] and tq[2], tq[3] */
+            if constexpr (VB == 2) { /* adjacent tokens: one 32-bit load each */
+                bp0 = !G4 || i < PROWS ? *(const uint32_t *)(ps + i * pst + tq[0]) : 0u;
+                bp1 = !G4 || i < PROWS ? *(const uint32_t *)(ps + i * pst + tq[2]) : 0u;
+            } else {
+                bp0 = ph[0] | ph[1] << 16, bp1 = ph[2] | ph[3] << 16;
+            }
             uint32_t bs[NG][2];
 #pragma unroll
             for (int gr = 0; gr < NG; gr++) {
@@ -527,25 +554,55 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 uint32_t z23 = (uint32_t)zp[tq[2] * NG * 2] | (uint32_t)zp[tq[3] * NG * 2] << 16;
                 mma16816(zacc, z01 & ok01, 0u, z23 & ok23, 0u, bp0, bp1);
             }
-#pragma unroll
-            for (int hh = 0; hh < (VB == 4 ? 2 : 1); hh++) {
-                uint32_t w[4];
-#pragma unroll
-                for (int q = 0; q < 4; q++) w[q] = *(const uint32_t *)(vblk + (size_t)tq[q] * vcb + 4 * (i + 8 * hh));
+            if constexpr (VB == 2) {
+                /* the A fragments of 16 tokens in one ldmatrix.x4.trans of
+                 * b16 elements: matrix m = tokens t0 + 8 (m >> 1) + [0, 8),
+                 * bytes 16 (m & 1) + [0, 16) (lane l gives the row address
+                 * of matrix l / 8, row l % 8); lane (i, j) gets, in r[m],
+                 * bytes 2i, 2i + 1 (of that 16-byte part) of tokens 2j and
+                 * 2j + 1 of the matrix, one token per half: the even byte
+                 * (u = 0) in each half's low byte, the odd byte (u = 1) there
+                 * after a right shift by 8, written as a multiply-high so it
+                 * runs on the FMA pipe (the ALU pipe is the kernel's busiest) */
+                uint32_t r[4];
+                const unsigned char *ra =
+                    vblk + (size_t)(t0 + 8 * (lane >> 4) + (lane & 7)) * vcb + 16 * ((lane >> 3) & 1);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                             : "r"((uint32_t)__cvta_generic_to_shared(ra)));
 #pragma unroll
                 for (int u = 0; u < 2; u++) {
-                    /* byte 2u (channel 4i + 2u) and byte 2u + 1 (channel +1, the
-                     * A rows i + 8) of two tokens, in the low byte of each half */
-                    const uint32_t lo = (2 * u) | ((4 + 2 * u) << 8), hi = (2 * u + 1) | ((5 + 2 * u) << 8);
-                    const uint32_t y01 = __byte_perm(w[0], w[1], lo), y01h = __byte_perm(w[0], w[1], hi);
-                    const uint32_t y23 = __byte_perm(w[2], w[3], lo), y23h = __byte_perm(w[2], w[3], hi);
+                    uint32_t y[4];
 #pragma unroll
-                    for (int slot = 0; slot < 8 / VB; slot++) {
-                        const int gr = (32 * hh + (VB == 2 ? 32 : 64) * slot) / GV;
-                        const int T = VB == 4 ? slot * 4 + hh * 2 + u : slot * 2 + u;
-                        const int k = VB * slot;
-                        mma16816(acc[T], codes_sub(y01, VB, k), codes_sub(y01h, VB, k), codes_sub(y23, VB, k),
-                                 codes_sub(y23h, VB, k), bs[gr][0], bs[gr][1]);
+                    for (int x = 0; x < 4; x++) y[x] = u ? __umulhi(r[x], 1u << 24) : r[x];
+#pragma unroll
+                    for (int slot = 0; slot < 4; slot++) {
+                        const int gr = 32 * slot / GV, k = 2 * slot;
+                        mma16816(acc[slot * 2 + u], codes_sub(y[0], 2, k), codes_sub(y[1], 2, k),
+                                 codes_sub(y[2], 2, k), codes_sub(y[3], 2, k), bs[gr][0], bs[gr][1]);
+                    }
+                }
+            } else { /* 4 bits: two 32-bit loads per token and half, pairs of bytes by PRMT */
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    uint32_t w[4];
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        w[q] = *(const uint32_t *)(vblk + (size_t)tq[q] * vcb + 4 * (i + 8 * hh));
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        /* byte 2u (channel 4i + 2u) and byte 2u + 1 (channel +1,
+                         * the A rows i + 8) of two tokens, in the low byte of
+                         * each half */
+                        const uint32_t lo = (2 * u) | ((4 + 2 * u) << 8), hi = (2 * u + 1) | ((5 + 2 * u) << 8);
+                        const uint32_t y01 = __byte_perm(w[0], w[1], lo), y01h = __byte_perm(w[0], w[1], hi);
+                        const uint32_t y23 = __byte_perm(w[2], w[3], lo), y23h = __byte_perm(w[2], w[3], hi);
+#pragma unroll
+                        for (int slot = 0; slot < 2; slot++) {
+                            const int gr = (32 * hh + 64 * slot) / GV, k = 4 * slot;
+                            mma16816(acc[slot * 4 + hh * 2 + u], codes_sub(y01, 4, k), codes_sub(y01h, 4, k),
+                                     codes_sub(y23, 4, k), codes_sub(y23h, 4, k), bs[gr][0], bs[gr][1]);
+                        }
                     }
                 }
             }
@@ -560,10 +617,30 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         issue_values(k + 1);
         cp_async_wait<2>();
         __syncwarp();
-        scores(kbuf + (size_t)(k & 1) * kp, tokens(k), sc, mx);
-        softmax(vbuf + (size_t)(k & 1) * vbytes, tokens(k), sc, mx);
-        __syncwarp();
-        values(vbuf + (size_t)(k & 1) * vbytes, tokens(k));
+        const unsigned char *kb = kbuf + (size_t)(k & 1) * kp, *vb = vbuf + (size_t)(k & 1) * vbytes;
+        const int n = tokens(k);
+        /* FIXED: a block whose 64 tokens are all valid (every block but a
+         * sequence's last, unless the query position masks keys) runs a copy
+         * of the body with the token count and the query position as
+         * constants, so the padding and position masks compile away (the
+         * ALU pipe is the kernel's busiest: -12 % of its instructions per
+         * block). The test is uniform across the warp. */
+        bool full = FIXED && n == MAX_BT;
+        if (full && qpos != INT32_MAX) {
+            const int32_t *kpos = (const int32_t *)(kb + kbytes);
+            full = __reduce_max_sync(0xffffffffu, max(kpos[lane], kpos[lane + 32])) <= qpos;
+        }
+        if (full) {
+            scores(kb, MAX_BT, INT32_MAX, sc, mx);
+            softmax(vb, MAX_BT, sc, mx);
+            __syncwarp();
+            values(vb, MAX_BT);
+        } else {
+            scores(kb, n, qpos, sc, mx);
+            softmax(vb, n, sc, mx);
+            __syncwarp();
+            values(vb, n);
+        }
         __syncwarp();
     }
     cp_async_wait<0>();
@@ -643,7 +720,9 @@ static kernel_t kernel_f(const vq_cu_attn *P) {
 
 template <int KB, int VB, int GV>
 static kernel_t kernel_g(const vq_cu_attn *P) {
-    return P->bt == 64 && P->mk.group == 32 ? kernel_f<KB, VB, GV, true>(P) : kernel_f<KB, VB, GV, false>(P);
+    const bool fixed = P->bt == MAX_BT && P->mk.group == 32 && P->k_bytes == (size_t)fixed_k_bytes<KB>() &&
+                       P->v_bytes == (size_t)fixed_v_bytes<VB, GV>();
+    return fixed ? kernel_f<KB, VB, GV, true>(P) : kernel_f<KB, VB, GV, false>(P);
 }
 
 template <int KB, int VB>
