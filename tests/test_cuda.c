@@ -437,6 +437,14 @@ int main(int argc, char **argv) {
         {"tq-mse:bits=3,residual=64", 16, 4, 128, 700, 3, VQ_F32, 0, 0},
         {"tq-mse:bits=1", 8, 2, 128, 300, 2, VQ_F16, 0, 0},
         {"k=tq-mse:bits=4;v=kivi:bits=2", 32, 8, 128, 700, 2, VQ_F32, 0, 0},
+        /* tq-mse encode at 1-3 bits and head dims 64 and 256 (rows of 8
+         * and 32 lanes; the cell tables of those codebooks) */
+        {"tq-mse:bits=1", 8, 2, 64, 300, 2, VQ_F16, 0, 0},
+        {"tq-mse:bits=2", 8, 2, 64, 300, 1, VQ_BF16, 0, 0},
+        {"tq-mse:bits=3", 8, 2, 64, 300, 2, VQ_F32, 0, 0},
+        {"tq-mse:bits=1", 8, 2, 256, 200, 1, VQ_BF16, 0, 0},
+        {"tq-mse:bits=2", 8, 2, 256, 200, 2, VQ_F32, 0, 0},
+        {"tq-mse:bits=3", 8, 2, 256, 200, 2, VQ_F16, 0, 0},
         /* encode at head dim 192 (rows of 24 lanes, a last value group of
          * 64 channels) and a key group wider than d = 64 */
         {"kivi:bits=2,group=128", 8, 2, 192, 700, 2, VQ_F32, 0, 0},

@@ -52,26 +52,40 @@ vq_status vq_cu_staging(struct vq_cuda_cache *g, size_t bytes) {
     return VQ_OK;
 }
 
-/* The cell of x in a tq-mse cell table (cuda_internal.h): x * scale is
- * exact (a power of two), so its sum with 1.5 * 2^23 rounds as the
- * kernel's FMA rounds it, and the difference is the integer cell. */
+/* The cell of x in a tq-mse cell table (cuda_internal.h), with the
+ * kernel's arithmetic: one correctly rounded x * scale + 1.5 * 2^23, less
+ * 1.5 * 2^23 (the integer cell). */
 static int tq_cell(float x, float scale) {
     const float magic = 12582912.0f;
-    float t = x * scale + magic;
-    return (int)(t - magic);
+    return (int)(fmaf(x, scale, magic) - magic);
 }
 
-/* The smallest power of two that puts no two boundaries of the codebook
- * in one cell, and the cells from the lowest boundary's to the highest's;
- * an error if that needs more than VQ_CU_TQ_CELLS cells (Lloyd-Max
- * boundaries at head dims 64..256 and 1..4 bits need 1..27). */
-static vq_status tq_cells(const vq_codebook *cb, vq_cu_method *m) {
+/* The smallest float y with RN(y * scale) > b (the CPU's rotation scales
+ * by `scale`, then counts the boundaries b below). y -> RN(y * scale) never
+ * decreases as y grows (scale > 0), so for every y but a NaN, RN(y * scale)
+ * > b exactly when y >= the returned value; the two loops step one ulp at a
+ * time from b / scale, which is within a few ulps of it. */
+static float tq_threshold(float b, float scale) {
+    float y = b / scale;
+    while (y * scale > b) y = nextafterf(y, -INFINITY);
+    while (!(y * scale > b)) y = nextafterf(y, INFINITY);
+    return y;
+}
+
+/* The codebook's thresholds at head dim d, then the smallest power of two
+ * that puts no two of them in one cell, and the cells from the lowest
+ * threshold's to the highest's; an error if that needs more than
+ * VQ_CU_TQ_CELLS cells (Lloyd-Max codebooks at head dims 64..256 and
+ * 1..4 bits need 1..21). */
+static vq_status tq_cells(const vq_codebook *cb, int d, vq_cu_method *m) {
     const int nb = cb->n - 1;
-    for (int k = -4; k <= 16; k++) {
+    const float rot_scale = 1.0f / sqrtf((float)d); /* as vq_rotate computes it */
+    for (int i = 0; i < nb; i++) m->threshold[i] = tq_threshold(cb->boundary[i], rot_scale);
+    for (int k = -8; k <= 16; k++) {
         const float scale = ldexpf(1.0f, k);
         int c[VQ_CODEBOOK_MAX], lo = 0, hi = 0, apart = 1;
         for (int i = 0; i < nb; i++) {
-            c[i] = tq_cell(cb->boundary[i], scale);
+            c[i] = tq_cell(m->threshold[i], scale);
             if (i == 0 || c[i] < lo) lo = c[i];
             if (i == 0 || c[i] > hi) hi = c[i];
             for (int j = 0; j < i; j++) apart &= c[j] != c[i];
@@ -116,8 +130,7 @@ static vq_status method_for_gpu(const vq_mparams *p, int d, vq_cu_method *m) {
         m->code_bytes = d * p->bits / 8;
         const vq_codebook *cb = p->cb[0];
         for (int i = 0; i < cb->n; i++) m->centroid[i] = cb->centroid[i];
-        for (int i = 0; i + 1 < cb->n; i++) m->boundary[i] = cb->boundary[i];
-        return tq_cells(cb, m);
+        return tq_cells(cb, d, m);
     }
     return vq_fail(VQ_ERR_UNSUPPORTED, "method '%s' has no CUDA kernels (CUDA caches support fp16, kivi, tq-mse)", name);
 }

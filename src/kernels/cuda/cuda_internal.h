@@ -23,11 +23,15 @@ typedef struct {
     int code_bytes;    /* packed bytes of one token's codes */
     const float *signs; /* tq-mse: the Hadamard signs [d] in device memory */
     float centroid[16]; /* tq-mse */
-    float boundary[15]; /* tq-mse */
-    /* tq-mse: the append kernel codes by a table of cells (encode.cu), cell
-     * c holding the x with RN(x cell_scale + 1.5 * 2^23) = 1.5 * 2^23 + c,
-     * cell_lo .. cell_lo + n_cells - 1 (the ends take everything beyond);
-     * cell_scale is a power of two for which no cell holds two boundaries. */
+    /* tq-mse: threshold i is the smallest y with RN(y s) above the
+     * codebook's boundary i, s = 1 / sqrt(d) rounded as the CPU's rotation
+     * rounds it, so the append kernel compares Hadamard outputs y before
+     * the scaling. It codes by a
+     * table of cells (encode.cu), cell c holding the y with
+     * RN(y cell_scale + 1.5 * 2^23) = 1.5 * 2^23 + c, cell_lo .. cell_lo +
+     * n_cells - 1 (the ends take everything beyond); cell_scale is a power
+     * of two for which no cell holds two thresholds. */
+    float threshold[15];
     float cell_scale;
     int cell_lo, n_cells;
 } vq_cu_method;

@@ -673,61 +673,84 @@ __device__ __forceinline__ void enc_kivi(const vq_cu_append_args &a, bool al, co
     }
 }
 
-/* tq-mse codes: the CPU's code of x is the number of boundaries b with
- * x > b. The kernel maps x to a cell, RN(x S + M) - M clamped to the table
- * (S = cell_scale, M = 1.5 * 2^23: an integer in the low mantissa bits), a
- * function that never decreases as x grows; so every boundary of a lower
- * cell is below x and none of a higher cell is, and the code is the count
- * of boundaries in lower cells plus one comparison with the boundary in
- * x's cell, which holds at most one (cuda_cache.cu picks S). A NaN, above
- * no boundary, is clamped into the lowest cell, whose count is 0. Entry c
- * of a table: (the boundary in cell cell_lo + c or +inf, the count below
- * it as int bits), built by thread `c` from the method's boundaries with
- * the same arithmetic as the codes. */
+/* tq-mse codes: the CPU's code of a Hadamard output y is the number of
+ * boundaries b with RN(y s) > b, s = 1 / sqrt(d) as a float. RN(y s) never
+ * decreases as y grows, so that is the number of thresholds t (the
+ * smallest y with RN(y s) > b, found by cuda_cache.cu) with y >= t, and
+ * the kernel skips the product (a NaN y passes neither test). It maps y
+ * to a cell, RN(y S + M) - M clamped to the table (S = cell_scale,
+ * M = 1.5 * 2^23: an integer in the low mantissa bits), which never
+ * decreases as y grows either; so every threshold of a lower cell is at
+ * most y and none of a higher cell is, and the code is the count of
+ * thresholds in lower cells plus one comparison with the threshold in y's
+ * cell, which holds at most one (cuda_cache.cu picks S). A NaN is clamped
+ * into the lowest cell, whose count is 0, and compares false. Entry c of a
+ * table: (the threshold in cell cell_lo + c, or a NaN that no y reaches,
+ * the count below it as int bits), built by thread `c` from the method's
+ * thresholds with the same arithmetic as the codes. */
 #define TQ_MAGIC 12582912.0f
 static_assert(WARPS * 32 == 2 * VQ_CU_TQ_CELLS, "a thread per cell of the two tables");
 
 __device__ __forceinline__ void tq_cell_table(const vq_cu_method &m, int c, float2 *cells) {
     if (m.kind != VQ_CU_TQ_MSE || c >= m.n_cells) return;
     const float lo = TQ_MAGIC + (float)m.cell_lo;
-    float bnd = INFINITY;
+    float thr = __int_as_float(0x7fc00000); /* NaN */
     int below = 0;
     for (int i = 0; i < (1 << m.bits) - 1; i++) {
-        const int ci = __float_as_int(__fmaf_rn(m.boundary[i], m.cell_scale, TQ_MAGIC)) - __float_as_int(lo);
+        const int ci = __float_as_int(__fmaf_rn(m.threshold[i], m.cell_scale, TQ_MAGIC)) - __float_as_int(lo);
         below += ci < c;
-        if (ci == c) bnd = m.boundary[i];
+        if (ci == c) thr = m.threshold[i];
     }
-    cells[c] = make_float2(bnd, __int_as_float(below));
+    cells[c] = make_float2(thr, __int_as_float(below));
 }
 
 /* One chunk of n <= 32 rows (stream tokens c ..) of tq-mse, from a tile.
  * Kept apart from its loop: this way ptxas spills less (24 B of spill
  * stores for the kernel, 32 B inline) and 8192 tq-mse tokens appended in
- * 60.0 us against 61.4 us inline (two calls on an H200). */
+ * 60.0 us against 61.4 us inline (two calls on an H200). LPT: the lanes of
+ * a row (d / 8) when fixed at compile time (d = 128), else 0 (L.lpt): with
+ * a fixed count the butterflies across lanes unroll without a branch and a
+ * mask per stage and row. */
+template <int LPT>
 __device__ __forceinline__ void tq_chunk(const vq_cu_append_args &a, const vq_cu_method &m, size_t off, int h, int c,
                                          int n, const lanes &L, const uint16_t *tile, const float2 *cells,
                                          uint4 sgn, const packer &pk) {
-    const int d = a.d, cb = m.code_bytes, pitch = d + 8;
-    const float scale = 1.0f / sqrtf((float)d);
+    const int d = a.d, cb = m.code_bytes, pitch = d + 8, lpt = LPT ? LPT : L.lpt, tpw = 32 / lpt;
     const float cs = m.cell_scale, lo = TQ_MAGIC + (float)m.cell_lo, hi = lo + (float)(m.n_cells - 1);
     const cursor at = cursor_at(a, c);
     float inv = 0;
+    uint8_t *dst = NULL; /* where lane r's row, row r of the chunk, puts its codes */
     if (L.lane < n) {
         const uint16_t *row = tile + L.lane * pitch;
         double ss = 0;
         for (int c8 = 0; c8 < d; c8 += 8) {
-            float x[8];
-            to_float8(*(const uint4 *)(row + c8), x);
-            for (int j = 0; j < 8; j++) ss = __dadd_rn(ss, __dmul_rn((double)x[j], (double)x[j]));
+            /* fp16 straight to fp64 (one conversion, not two); the square
+             * of an fp16 value has at most 22 significant bits, so it is
+             * exact in fp64 and one fused multiply-add rounds as the CPU's
+             * product and then sum do */
+            const uint4 u = *(const uint4 *)(row + c8);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+            for (int j = 0; j < 8; j++) {
+                double x;
+                const unsigned short hv = (unsigned short)(w[j / 2] >> (16 * (j % 2)));
+                asm("cvt.f64.f16 %0, %1;" : "=d"(x) : "h"(hv));
+                ss = __fma_rn(x, x, ss);
+            }
         }
         double len = sqrt(ss);
         inv = len > 0 ? (float)(1.0 / len) : 0.0f;
         int t;
         uint8_t *blk = block_at(a, h, at, L.lane, &t) + off;
         ((uint16_t *)(blk + (size_t)a.bt * cb))[t] = vq_cu_f2h((float)len);
+        dst = blk + (size_t)t * cb;
     }
+    /* across lanes, stage s (lanes 2^s apart): the lower lane of a pair
+     * gets x + o, the upper o - x, both as o + pm[s] x in one FMA (the
+     * product is exact, so it rounds as the CPU's add or subtract) */
+    float pm[5];
+    for (int s = 0; s < 5; s++) pm[s] = L.lane & (1 << s) ? -1.0f : 1.0f;
 #pragma unroll 1
-    for (int r = 0; r < n; r += L.tpw) {
+    for (int r = 0; r < n; r += tpw) {
         int row = r + L.sub;
         bool ok = row < n;
         /* the signs as the fp16 values' sign bits: RN(-x iv) = -RN(x iv),
@@ -745,25 +768,23 @@ __device__ __forceinline__ void tq_chunk(const vq_cu_append_args &a, const vq_cu
                     x[j] = __fadd_rn(p, q);
                     x[j + hh] = __fsub_rn(p, q);
                 }
-        /* across lanes: the lower lane of a pair gets x + o, the upper
-         * o - x, both as o + sgn * x in one FMA (the product is exact,
-         * so it rounds as the CPU's add or subtract) */
-        for (int k = 1; k < L.lpt; k *= 2) {
-            float sgn = L.lane & k ? -1.0f : 1.0f;
-            for (int j = 0; j < 8; j++) x[j] = __fmaf_rn(x[j], sgn, __shfl_xor_sync(FULL, x[j], k));
+#pragma unroll
+        for (int s = 0; s < 5; s++) {
+            if ((1 << s) >= lpt) break;
+            for (int j = 0; j < 8; j++) x[j] = __fmaf_rn(x[j], pm[s], __shfl_xor_sync(FULL, x[j], 1 << s));
         }
-        /* the number of boundaries below x: those of the cells below x's
-         * cell, plus the one in its cell if x is above it (tq_cell_table) */
+        /* the number of thresholds at or below x: those of the cells below
+         * x's cell, plus the one in its cell if x reaches it (tq_cell_table) */
         int code[8];
         for (int j = 0; j < 8; j++) {
-            const float z = __fmul_rn(x[j], scale);
-            const float f = fminf(fmaxf(__fmaf_rn(z, cs, TQ_MAGIC), lo), hi); /* a NaN goes to the lowest */
+            const float f = fminf(fmaxf(__fmaf_rn(x[j], cs, TQ_MAGIC), lo), hi); /* a NaN goes to the lowest */
             const float2 e = cells[__float_as_int(f) - __float_as_int(lo)];
-            code[j] = __float_as_int(e.y) + (z > e.x);
+            code[j] = __float_as_int(e.y) + (x[j] >= e.x);
         }
-        int t = 0;
-        uint8_t *blk = ok ? block_at(a, h, at, row, &t) + off : NULL;
-        put_codes(code, pk, L, ok ? blk + (size_t)t * cb : NULL, ok);
+        /* the row's destination from the lane that stored its norm: two
+         * shuffles instead of a block-table load and a walk per row */
+        uint8_t *out = (uint8_t *)__shfl_sync(FULL, (unsigned long long)dst, row & 31);
+        put_codes(code, pk, L, out, ok);
     }
 }
 
@@ -782,7 +803,8 @@ __device__ void enc_tq_mse(const vq_cu_append_args &a, bool al, const vq_cu_meth
     for (int c = i0; c < i0 + cnt; c += R) {
         const int n = i0 + cnt - c < R ? i0 + cnt - c : R;
         stage(a, al, h, c, n, value, L, tile, B);
-        tq_chunk(a, m, off, h, c, n, L, tile, cells, sgn, pk);
+        if (a.d == 128) tq_chunk<16>(a, m, off, h, c, n, L, tile, cells, sgn, pk);
+        else tq_chunk<0>(a, m, off, h, c, n, L, tile, cells, sgn, pk);
     }
 }
 
@@ -845,9 +867,9 @@ __device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, i
 
 /* At most 128 registers: 4 thread blocks (16 warps) per SM. KIVI alone at
  * 5 blocks (96 registers) spilled in the key paths and took 20-30 % longer
- * on an H200. tq-mse alone staged by bulk copies needs 72 registers at 5
- * blocks (20 warps) without spills, and its appends of 65536 tokens took
- * 4 % less than at 4 blocks (6 blocks: the same as 5). */
+ * on an H200. tq-mse alone staged by bulk copies fits 5 blocks (20 warps)
+ * without spills (72 registers then, 89 now), and its appends of 65536
+ * tokens took 4 % less than at 4 blocks (6 blocks: the same as 5). */
 #define TQ_BULK_BLOCKS 5
 template <int PATHS, bool COPY>
 __global__ void __launch_bounds__(WARPS * 32, PATHS == PATH_TQ && COPY ? TQ_BULK_BLOCKS : 4)
