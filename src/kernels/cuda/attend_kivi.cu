@@ -112,6 +112,27 @@ static __device__ __forceinline__ uint32_t codes_sub(uint32_t x, int b, int k) {
     return x & (mask | mask << 16);
 }
 
+/* x >> 8: the odd bytes of a word of key codes (the odd k-steps) in the
+ * even bytes' place. 2 bits: as a multiply-high, which runs on the FMA pipe,
+ * not on the busier ALU pipe that a shift takes (4-bit keys keep the shift:
+ * there ptxas spilled a few registers in the loop with the multiply). */
+template <int KB>
+static __device__ __forceinline__ uint32_t odd_bytes(uint32_t x) {
+    return KB == 2 ? __umulhi(x, 1u << 24) : x >> 8;
+}
+
+/* 2^x with results below 2^-126 flushed to 0: one MUFU.EX2, where exp2f
+ * adds a range test and two multiplies (on the busy ALU and FMA pipes) to
+ * keep such results. For the probabilities that loss changes nothing: p
+ * below 2^-126 rounds to fp16 0 before the values take it, and the row sum
+ * it is added to is at least 2^-1 (the running maximum's own term is 2^eb,
+ * eb >= -1), so the outputs stay bit-identical. */
+static __device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 static __device__ __forceinline__ uint32_t hmul2_u(uint32_t a, uint32_t b) {
     __half2 v = __hmul2(*(__half2 *)&a, *(__half2 *)&b);
     return *(uint32_t *)&v;
@@ -405,10 +426,10 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 for (int s = 0; s < 8; s++) {
                     const int eo = s & 1, wd = KB == 2 ? 0 : 2 * ((s >> 1) & 1);
                     const int k = KB == 2 ? 2 * (s >> 1) : 4 * (s >> 2);
-                    const uint32_t a0 = codes_sub(eo ? w[0][wd] >> 8 : w[0][wd], KB, k);
-                    const uint32_t a1 = codes_sub(eo ? w[1][wd] >> 8 : w[1][wd], KB, k);
-                    const uint32_t a2 = codes_sub(eo ? w[0][wd + 1] >> 8 : w[0][wd + 1], KB, k);
-                    const uint32_t a3 = codes_sub(eo ? w[1][wd + 1] >> 8 : w[1][wd + 1], KB, k);
+                    const uint32_t a0 = codes_sub(eo ? odd_bytes<KB>(w[0][wd]) : w[0][wd], KB, k);
+                    const uint32_t a1 = codes_sub(eo ? odd_bytes<KB>(w[1][wd]) : w[1][wd], KB, k);
+                    const uint32_t a2 = codes_sub(eo ? odd_bytes<KB>(w[0][wd + 1]) : w[0][wd + 1], KB, k);
+                    const uint32_t a3 = codes_sub(eo ? odd_bytes<KB>(w[1][wd + 1]) : w[1][wd + 1], KB, k);
                     key_mma<G4>(a[s >> 1], a0, a1, a2, a3, bqh[s], bql[G4 ? 0 : s]);
                 }
 #pragma unroll
@@ -480,7 +501,10 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 #pragma unroll
             for (int x = 0; x < (G4 ? 2 : 4); x++) {
                 const int r = x & 1;
-                const float p = exp2f(fmaf(sc[t16][x], SC, -mb[r]));
+                /* 2-bit keys only: with 4-bit keys ptxas's other schedule
+                 * (two reloads at the loop head) made kivi 4-bit 8 x 131072
+                 * 1.7 % slower on the H200 */
+                const float e2 = fmaf(sc[t16][x], SC, -mb[r]), p = KB == 2 ? exp2_ftz(e2) : exp2f(e2);
                 l[r] += p;
                 const int row = G4 ? 2 * (j & 1) + r : 2 * j + r, tok = G4 ? 8 * (j >> 1) : (x >> 1) * 8;
                 ps[row * pst + t16 * 16 + i + tok] = __float2half_rn(p);
