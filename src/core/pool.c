@@ -67,21 +67,22 @@ static void cpu_relax(void) {
 }
 
 /* Runs tasks of run `run` until none is left to claim. fn, ctx and n_tasks
- * are read before the claim; a successful claim of task t < n_tasks shows
- * the run was not over (its task t was not done), so the caller had not yet
- * written a later run's fields when they were read. The thread that
- * finishes a run's last task wakes the caller if it sleeps (the caller
- * finishing it needs no wake-up). */
+ * are read between loading the claim word and claiming: vq_pool_run closes
+ * the old run's word before it writes the next run's fields, so a claim that
+ * succeeds proves they were this run's when read. The thread that finishes
+ * a run's last task wakes the caller if it sleeps (the caller finishing it
+ * needs no wake-up). */
 static void drain(vq_pool *p, uint32_t run, int thread) {
     for (;;) {
         uint_fast64_t v = atomic_load(&p->claim);
         if ((uint32_t)(v >> 32) != run) return;
-        int t = (int)(uint32_t)v, n = atomic_load(&p->n_tasks);
+        uint32_t t = (uint32_t)v;
+        int n = atomic_load(&p->n_tasks);
         task_fn fn = atomic_load(&p->fn);
         void *ctx = atomic_load(&p->ctx);
-        if (t >= n) return;
+        if (t >= (uint32_t)n) return;
         if (!atomic_compare_exchange_weak(&p->claim, &v, v + 1)) continue;
-        fn(ctx, t, thread);
+        fn(ctx, (int)t, thread);
         if (atomic_fetch_add(&p->tasks_done, 1) + 1 == n && thread != 0) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
@@ -179,11 +180,15 @@ void vq_pool_run(vq_pool *p, int n_tasks, void (*fn)(void *, int, int), void *ct
         return;
     }
     uint32_t run = (uint32_t)atomic_load(&p->generation) + 1;
+    /* Closed first: a worker still on the previous run can no longer claim
+     * (the run number differs) while the fields change, nor can anyone
+     * before the run opens (no task number is that high). */
+    atomic_store(&p->claim, (uint_fast64_t)run << 32 | UINT32_MAX);
     atomic_store(&p->fn, fn);
     atomic_store(&p->ctx, ctx);
     atomic_store(&p->n_tasks, n_tasks);
     atomic_store(&p->tasks_done, 0);
-    atomic_store(&p->claim, (uint_fast64_t)run << 32);
+    atomic_store(&p->claim, (uint_fast64_t)run << 32); /* open: task 0 next */
     /* the bump wakes the workers (spinning ones see it at once); under mu,
      * so a worker about to sleep sees it */
     pthread_mutex_lock(&p->mu);
