@@ -371,6 +371,27 @@ static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, co
     }
 }
 
+/* The madds of one token pair for 4 rows into the 16-channel accumulators
+ * of accum_slot16 (lo, hi: the pair's codes as 16-bit lanes; wg: the rows'
+ * paired int16 weights, CHUNK / 2 apart). */
+static ALWAYS_INLINE void madd_rows16(__m256i lo, __m256i hi, const int32_t *wg, __m256i a[8]) {
+    for (int r = 0; r < 4; r++) {
+        __m256i w = _mm256_set1_epi32(wg[r * (CHUNK / 2)]);
+        a[2 * r] = _mm256_add_epi32(a[2 * r], _mm256_madd_epi16(lo, w));
+        a[2 * r + 1] = _mm256_add_epi32(a[2 * r + 1], _mm256_madd_epi16(hi, w));
+    }
+}
+
+/* acc rows (d apart) += the 16-channel int sums a times deq[r] * fs. */
+static ALWAYS_INLINE void add_rows16(const __m256i a[8], const float *deq, float fs, float *acc, int d) {
+    for (int r = 0; r < 4; r++) {
+        float *o = acc + (size_t)r * d;
+        __m256 f = _mm256_set1_ps(deq[r] * fs);
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r]), f, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r + 1]), f, _mm256_loadu_ps(o + 8)));
+    }
+}
+
 /* accum_slot for 4 rows and 16 channels (one group: runs of 16 start at
  * multiples of 16 and groups are at least 32 wide): one 16-byte load per
  * token serves two vectors of 8 channel pairs, and each weight broadcast
@@ -394,18 +415,9 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
         __m256i hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
         lo = _mm256_srli_epi16(_mm256_slli_epi16(lo, 16 - bits * (j + 1)), 16 - bits);
         hi = _mm256_srli_epi16(_mm256_slli_epi16(hi, 16 - bits * (j + 1)), 16 - bits);
-        for (int r = 0; r < 4; r++) {
-            __m256i w = _mm256_set1_epi32(wt[r * (CHUNK / 2)]);
-            a[2 * r] = _mm256_add_epi32(a[2 * r], _mm256_madd_epi16(lo, w));
-            a[2 * r + 1] = _mm256_add_epi32(a[2 * r + 1], _mm256_madd_epi16(hi, w));
-        }
+        madd_rows16(lo, hi, wt, a);
     }
-    for (int r = 0; r < 4; r++) {
-        float *o = acc + (size_t)r * d;
-        __m256 f = _mm256_set1_ps(deq[r] * fs);
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r]), f, _mm256_loadu_ps(o)));
-        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r + 1]), f, _mm256_loadu_ps(o + 8)));
-    }
+    add_rows16(a, deq, fs, acc, d);
 }
 
 /* accum_slot16 for 3-bit codes: the 2-bit part from slot j of the 2-bit
@@ -433,18 +445,9 @@ static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, 
         hhi = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_slli_epi16(hhi, 15 - j1), 15), 2);
         lo = _mm256_add_epi16(lo, hlo);
         hi = _mm256_add_epi16(hi, hhi);
-        for (int r = 0; r < 4; r++) {
-            __m256i w = _mm256_set1_epi32(wg[r * (CHUNK / 2)]);
-            a[2 * r] = _mm256_add_epi32(a[2 * r], _mm256_madd_epi16(lo, w));
-            a[2 * r + 1] = _mm256_add_epi32(a[2 * r + 1], _mm256_madd_epi16(hi, w));
-        }
+        madd_rows16(lo, hi, wg, a);
     }
-    for (int r = 0; r < 4; r++) {
-        float *o = acc + (size_t)r * d;
-        __m256 f = _mm256_set1_ps(deq[r]);
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r]), f, _mm256_loadu_ps(o)));
-        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r + 1]), f, _mm256_loadu_ps(o + 8)));
-    }
+    add_rows16(a, deq, 1.0f, acc, d);
 }
 
 /* Every channel of 3-bit codes for one chunk and 4 rows. Channel
