@@ -62,20 +62,38 @@
  * -1.2 %, 8 x 131072 -0.3 %; fp16 and tq-mse 4-bit 8 x 16384 within 0.3 %. */
 #define DECODE_WAVES 2
 
+/* The most blocks a warp takes when parts partitions of a stream's
+ * max_blocks blocks are split among warps warps each. */
+static long long warp_blocks(int max_blocks, long long parts, int warps) {
+    return ((max_blocks + parts - 1) / parts + warps - 1) / warps;
+}
+
 /* Partitions per (kv head, sequence) for the decode kernels, whose warps
  * take whole blocks: whole waves of thread blocks (a part-filled last wave
  * leaves SMs idle at the end), DECODE_WAVES or fewer, as
  * long as every warp keeps DECODE_MIN_WARP_BLOCKS blocks, else one wave of
  * at most one_wave_per_sm thread blocks per SM, each warp at least one
- * block; per_sm: the kernel's resident thread blocks per SM. On the H200
- * (KIVI 2-bit): 8 x 131072 at 1.45 waves took 721 us, at 2.75 waves
- * 661 us; 1 x 32768 at 1.3 waves (2 blocks per warp) 46 us, at 0.65 waves
- * (4 per warp) 42 us. */
+ * block; per_sm: the kernel's resident thread blocks per SM. Where the
+ * busiest warp of one wave of longer partitions takes fewer blocks than
+ * the busiest warps of the waves in turn (8 x 65536 KIVI 2-bit: 43 against
+ * 2 x 22), one wave: a thread block's fixed costs (q, its first block's
+ * latency, its partial, the merge of its warps) are paid once per slot, and
+ * the merge has fewer partials. H200, one wave against two: KIVI 2-bit
+ * 8 x 65536 -0.7 %, 1 x 131072 -11 %, fp16 8 x 16384 -2 %, tq-mse 4-bit
+ * -7 %; where the counts tie, one wave measured +0.6 % (8 x 131072) and
+ * -2.5 % (8 x 32768), so ties keep the waves. Earlier, KIVI 2-bit: 8 x
+ * 131072 at 1.45 waves took 721 us, at 2.75 waves 661 us; 1 x 32768 at
+ * 1.3 waves (2 blocks per warp) 46 us, at 0.65 waves (4 per warp) 42 us. */
 static int decode_parts(int n_sms, int per_sm, int one_wave_per_sm, long long pairs, int max_blocks, int warps) {
     const long long slots = (long long)n_sms * per_sm;
     for (int waves = DECODE_WAVES; waves > 1; waves--) {
         long long parts = slots * waves / pairs;
-        if (parts >= 1 && max_blocks >= parts * warps * DECODE_MIN_WARP_BLOCKS) return (int)parts;
+        if (parts >= 1 && max_blocks >= parts * warps * DECODE_MIN_WARP_BLOCKS) {
+            const long long one = slots / pairs;
+            if (one >= 1 && warp_blocks(max_blocks, one, warps) < waves * warp_blocks(max_blocks, parts, warps))
+                return (int)one;
+            return (int)parts;
+        }
     }
     long long parts = (long long)n_sms * (one_wave_per_sm < per_sm ? one_wave_per_sm : per_sm) / pairs,
               most = max_blocks / warps;

@@ -19,14 +19,18 @@
  * own hi + lo pair, so the scores keep about fp32 accuracy), plus
  * sum_c q_n,c zero_g,c, one more mma per block (A = the zeros of the
  * block's key groups, B = q hi and lo). With at most 4 q heads per kv
- * head (G4) the 8 columns of B hold hi (0-3) and lo (4-7) of every head,
- * so one mma per k-step gives both terms (columns n and n + 4 are summed
- * across lane pairs afterwards), half the key mma of one per term; the
- * softmax then takes one token per lane instead of two. Values, per 16
- * tokens and channel group g: O^T += C^T P'_g with A = the raw value codes
- * and B = P'_g[t][n] = p_n,t * scale_t,g in fp16, plus sum_t p_n,t
- * zero_t,g, one more mma per 16 tokens (A = the zeros, rows = channel
- * groups), added to the group's channels at the merge. The dot products
+ * head (G4) B's 8 columns hold hi and lo of every head, so one mma per
+ * k-step gives both terms, half the key mma of one per term. With 2-bit
+ * keys (PAIRS) columns 2n and 2n + 1 are hi and lo of head n: a lane's
+ * two C elements of a token are one head's two terms, summed in the lane,
+ * and the softmax takes one head and two tokens per lane. With 4-bit keys
+ * columns n and n + 4 are hi and lo of head n, summed across lane pairs,
+ * and the softmax takes two heads and one token per lane (PAIRS measured
+ * 0.8 % slower there: ptxas then reloads two values at the loop head).
+ * Values, per 16 tokens and channel group g: O^T += C^T P'_g with A = the
+ * raw value codes and B = P'_g[t][n] = p_n,t * scale_t,g in fp16, plus
+ * sum_t p_n,t zero_t,g, one more mma per 16 tokens (A = the zeros, rows =
+ * channel groups), added to the group's channels at the merge. The dot products
  * run over the channels (keys) and tokens (values) in whatever order makes
  * the packed bytes land in the mma fragments cheaply; the B operands use
  * the same order, so the sums are the same.
@@ -249,6 +253,11 @@ template <int KB, int VB, int GV, bool G4, bool FIXED>
 __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_constant__ vq_cu_attn P) {
     constexpr int NG = D / GV; /* value channel groups */
     constexpr int PROWS = G4 ? 4 : 8;
+    /* B columns hi, lo per head (see the top of the file); a lane's q rows
+     * (heads) in the softmax: PAIRS row j, else rows 2j, 2j + 1 (G4 but not
+     * PAIRS: 2 (j & 1), + 1) */
+    constexpr bool PAIRS = G4 && KB == 2;
+    constexpr int NR = PAIRS ? 1 : 2;
     /* the scores come out in units of 2^-24 (key codes as subnormals)
      * times Q_SCALE; SC takes them to log2 units */
     constexpr float SUB_UNIT = 5.9604644775390625e-08f, SC = 16777216.0f / Q_SCALE;
@@ -278,12 +287,13 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 
     /* q of head qn (zero past the group), scaled for exp2 and by Q_SCALE,
      * as an fp16 hi + lo pair in the B fragment layout. G4: B column i
-     * holds hi (i < 4) or lo (i >= 4) of head i & 3, so one mma gives both
-     * terms of up to 4 heads; qb is the lane's own term (qh or ql).
+     * holds hi or lo of a head (PAIRS: hi if i is even, of head i / 2; else
+     * hi if i < 4, of head i & 3), so one mma gives both terms of up to 4
+     * heads; qb is the lane's own term (qh or ql).
      * Otherwise column i is head i and hi, lo take one mma each. */
     const float qs = P.scale * 1.4426950408889634f * Q_SCALE;
-    const bool lo_col = G4 && i >= 4;
-    const int qn = G4 ? (i & 3) : i;
+    const bool lo_col = G4 && (PAIRS ? (i & 1) : i >= 4);
+    const int qn = G4 ? (PAIRS ? i >> 1 : i & 3) : i;
     uint32_t qh[8][2], qb[8][2];
     const int g = P.g;
 #pragma unroll
@@ -303,7 +313,9 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         }
     const int32_t qpos = vq_cu_has_qpos(P) ? vq_cu_qpos_at(P, seq) : INT32_MAX;
 
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}; /* rows 2j, 2j+1 (log2 units) */
+    float m[NR], l[NR]; /* the lane's rows (log2 units) */
+#pragma unroll
+    for (int r = 0; r < NR; r++) m[r] = -INFINITY, l[r] = 0;
     float acc[8][4];
 #pragma unroll
     for (int T = 0; T < 8; T++) acc[T][0] = acc[T][1] = acc[T][2] = acc[T][3] = 0;
@@ -337,13 +349,15 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         cp_async_commit();
     };
     using score_t = float[MAX_BT / 16][G4 ? 2 : 4];
-    /* scores, still times Q_SCALE: G4: the lane's token i + 8 (j >> 1)
-     * for heads 2 (j & 1) + {0, 1}; else tokens i, i + 8 for heads
-     * 2j + {0, 1}; mx: the lane's largest (rows 2j, 2j + 1) */
-    auto scores = [&](const unsigned char *blk, int n, int32_t qp, score_t &sc, float (&mx)[2]) {
+    /* scores, still times Q_SCALE: PAIRS: tokens i, i + 8 for head j;
+     * other G4: the lane's token i + 8 (j >> 1) for heads 2 (j & 1) +
+     * {0, 1}; else tokens i, i + 8 for heads 2j + {0, 1}; mx: the lane's
+     * largest per row */
+    auto scores = [&](const unsigned char *blk, int n, int32_t qp, score_t &sc, float (&mx)[NR]) {
         const uint16_t *kmeta = (const uint16_t *)(blk + (size_t)bt * kcb);
         const int32_t *kpos = (const int32_t *)(blk + kbytes);
-        mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+        for (int r = 0; r < NR; r++) mx[r] = -INFINITY;
         /* two 16-token tiles at a time (both in one key group: groups are
          * multiples of 32 tokens); at most 4 tiles */
         /* Q' = hi + lo, two fp16 terms: fp32-like accuracy. G4: the lane's
@@ -444,7 +458,15 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             for (int tt = 0; tt < 2; tt++) {
                 const int t16 = tp * 2 + tt;
                 const float(&c)[4] = cc[tt];
-                if constexpr (G4) {
+                if constexpr (PAIRS) {
+                    /* columns 2j, 2j + 1: the hi and lo terms of head j,
+                     * of tokens i (c[0], c[1]) and i + 8 (c[2], c[3]) */
+                    int ta = t0 + 16 * tt + i, tb = ta + 8;
+                    bool va = ta < n && kpos[ta] <= qp, vb = tb < n && kpos[tb] <= qp;
+                    sc[t16][0] = va ? c[0] + c[1] : -INFINITY;
+                    sc[t16][1] = vb ? c[2] + c[3] : -INFINITY;
+                    mx[0] = fmaxf(mx[0], fmaxf(sc[t16][0], sc[t16][1]));
+                } else if constexpr (G4) {
                     /* lane j < 2 holds the hi terms (columns 2j, 2j + 1) of
                      * tokens i and i + 8, lane j + 2 the lo terms: each keeps
                      * one token and trades the other for its partner's term
@@ -457,7 +479,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                     sc[t16][0] = v ? s0 : -INFINITY;
                     sc[t16][1] = v ? s1 : -INFINITY;
                     mx[0] = fmaxf(mx[0], sc[t16][0]);
-                    mx[1] = fmaxf(mx[1], sc[t16][1]);
+                    mx[NR - 1] = fmaxf(mx[NR - 1], sc[t16][1]);
                 } else {
                     int ta = t0 + 16 * tt + i, tb = ta + 8;
                     bool va = ta < n && kpos[ta] <= qp, vb = tb < n && kpos[tb] <= qp;
@@ -466,16 +488,16 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                     sc[t16][2] = vb ? c[2] : -INFINITY;
                     sc[t16][3] = vb ? c[3] : -INFINITY;
                     mx[0] = fmaxf(mx[0], fmaxf(sc[t16][0], sc[t16][2]));
-                    mx[1] = fmaxf(mx[1], fmaxf(sc[t16][1], sc[t16][3]));
+                    mx[NR - 1] = fmaxf(mx[NR - 1], fmaxf(sc[t16][1], sc[t16][3]));
                 }
             }
         }
     };
     /* the online softmax over a block whose scores are sc: p into ps,
      * the running state rescaled */
-    auto softmax = [&](const unsigned char *vblk, int n, score_t &sc, float (&mx)[2]) {
+    auto softmax = [&](const unsigned char *vblk, int n, score_t &sc, float (&mx)[NR]) {
         const uint16_t *vmeta = (const uint16_t *)(vblk + (size_t)bt * vcb);
-        /* online softmax: rows 2j, 2j+1 (G4: 2 (j & 1), + 1) over the
+        /* online softmax: the lane's rows (see NR) over the
          * block; the scores are still times Q_SCALE. This block's p
          * are taken times 2^eb (value_exponent), so l, acc and zacc move
          * from the unit 2^e_run to 2^eb (exact: powers of two,
@@ -483,10 +505,11 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         const int eb = value_exponent<NG>(vmeta, n, bt, lane);
         const float fs = __int_as_float((127 + eb - e_run) << 23);
         e_run = eb;
-        float alpha[2], mb[2];
+        float alpha[NR], mb[NR];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            for (int o = G4 ? 2 : 4; o < 32; o *= 2) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o));
+        for (int r = 0; r < NR; r++) {
+            for (int o = G4 && !PAIRS ? 2 : 4; o < 32; o *= 2)
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o));
             float mnew = fmaxf(m[r], mx[r] * SC);
             alpha[r] = (m[r] == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f) : exp2f(m[r] - mnew)) * fs;
             m[r] = mnew;
@@ -500,25 +523,30 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             if (t16 * 16 >= bt) break;
 #pragma unroll
             for (int x = 0; x < (G4 ? 2 : 4); x++) {
-                const int r = x & 1;
+                const int r = PAIRS ? 0 : x & 1;
                 /* 2-bit keys only: with 4-bit keys ptxas's other schedule
                  * (two reloads at the loop head) made kivi 4-bit 8 x 131072
                  * 1.7 % slower on the H200 */
                 const float e2 = fmaf(sc[t16][x], SC, -mb[r]), p = KB == 2 ? exp2_ftz(e2) : exp2f(e2);
                 l[r] += p;
-                const int row = G4 ? 2 * (j & 1) + r : 2 * j + r, tok = G4 ? 8 * (j >> 1) : (x >> 1) * 8;
+                const int row = PAIRS ? j : G4 ? 2 * (j & 1) + r : 2 * j + r;
+                const int tok = PAIRS ? 8 * x : G4 ? 8 * (j >> 1) : (x >> 1) * 8;
                 ps[row * pst + t16 * 16 + i + tok] = __float2half_rn(p);
             }
         }
+        /* acc and zacc hold columns (heads) 2j, 2j + 1; PAIRS: their alphas
+         * from lanes 2j, 2j + 1 (lanes j >= 2 hold the zero columns 4-7) */
+        const float a0 = PAIRS ? __shfl_sync(0xffffffffu, alpha[0], (2 * j) & 3) : alpha[0];
+        const float a1 = PAIRS ? __shfl_sync(0xffffffffu, alpha[0], (2 * j + 1) & 3) : alpha[NR - 1];
 #pragma unroll
         for (int T = 0; T < 8; T++) {
-            acc[T][0] *= alpha[0];
-            acc[T][1] *= alpha[1];
-            acc[T][2] *= alpha[0];
-            acc[T][3] *= alpha[1];
+            acc[T][0] *= a0;
+            acc[T][1] *= a1;
+            acc[T][2] *= a0;
+            acc[T][3] *= a1;
         }
-        zacc[0] *= alpha[0];
-        zacc[1] *= alpha[1];
+        zacc[0] *= a0;
+        zacc[1] *= a1;
     };
     /* the values of a block whose p are in ps */
     auto values = [&](const unsigned char *vblk, int n) {
@@ -633,7 +661,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         }
     };
     score_t sc;
-    float mx[2];
+    float mx[NR];
     issue_keys(0);
     issue_values(0);
     for (int k = 0; k < nb; k++) {
@@ -670,21 +698,28 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     cp_async_wait<0>();
     /* the warps' states merged into one partial per thread block: rows
      * 2j, 2j+1 of each warp into its own (now idle) staging space (G4:
-     * lanes j < 2 hold rows 0-3 of acc, m and l) */
+     * lanes j < 2 hold rows 0-3 of acc; other G4: and of m and l; PAIRS:
+     * lane j holds row j of m and l) */
 #pragma unroll
-    for (int r = 0; r < 2; r++)
-        for (int o = G4 ? 2 : 4; o < 32; o *= 2) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o);
+    for (int r = 0; r < NR; r++)
+        for (int o = G4 && !PAIRS ? 2 : 4; o < 32; o *= 2) l[r] += __shfl_xor_sync(0xffffffffu, l[r], o);
     __syncwarp();
     float *mine = (float *)kbuf; /* [8 rows][ROW_W]: max (log2 units), sum, acc, zero sums */
     const float unit = __int_as_float((127 - e_run) << 23); /* 2^-e_run */
+    if (PAIRS && i == 0 && j < g) {
+        mine[(size_t)j * ROW_W] = m[0];
+        mine[(size_t)j * ROW_W + 1] = l[0] * unit;
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = 2 * j + r;
         if (row >= g) continue;
         float *o = mine + (size_t)row * ROW_W;
-        if (i == 0) {
-            o[0] = m[r];
-            o[1] = l[r] * unit;
+        if constexpr (!PAIRS) {
+            if (i == 0) {
+                o[0] = m[r];
+                o[1] = l[r] * unit;
+            }
         }
         if (i < NG) o[2 + D + i] = zacc[r] * unit;
 #pragma unroll
