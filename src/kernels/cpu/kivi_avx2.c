@@ -40,7 +40,6 @@
 #include "vq_internal.h"
 
 #include <immintrin.h>
-#include <math.h>
 #include <string.h>
 
 /* Tokens per value chunk: the int32 sums stay below 32 * 32767 * 255 < 2^31,
@@ -259,231 +258,6 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
     }
 }
 
-/* ------------------------------------------------------ keys, int16 q' */
-
-/* The 4-row key path for 2-, 4- and 8-bit codes. Per token group, the d
- * channels are cut into blocks of 16 (one 16-byte run u of plane bytes,
- * one slot j: channels j * stride + u .. +15). The KEY_FLOAT_BLOCKS blocks
- * with the largest |q'| stay in float (FMAs, as in score_rows); in the
- * others q' is rounded to int16 with one scale S per (row, group), their
- * largest |q'| -> 32767, and one _mm256_madd_epi16 of the codes
- * (zero-extended to 16 bits) by q16 covers 16 channels of a row. For 2-bit
- * codes and 4 rows that is 24 madds and 16 FMAs per token instead of 64
- * FMAs, and 4 code conversions to float instead of 16.
- *
- * Why some blocks stay in float. Keys have outlier channels (large scales,
- * and queries lean towards them), and one scale for all channels leaves
- * the others with a few bits: q16 for every channel gave 5.9e-4 relative
- * error on test_attend's sharp softmax case (keys x 60) and 8.9e-5 on a
- * plain one, against a 1e-4 limit. Scaled by the largest q' outside the
- * float blocks, q16 keeps most of its 15 bits for the common channels.
- *
- * Rounding. q' = S (q16 - e) with e the rounding error (in units of S), so
- * sum_ch q' c = S sum q16 c - S sum e c, and sum e c = sum e (c - cmax/2)
- * + cmax/2 sum e. The second part is known here and taken back in float
- * with the zero term; what is left, S sum e (c - cmax/2), is about 1.7x
- * smaller for 2-bit codes than the uncorrected S sum e c (the same common
- * mode trick as the values' weights). The int32 sums are exact: keys16_ok
- * checks d * cmax * 32767 < 2^31. */
-#define KEY_FLOAT_BLOCKS 2
-#define KEY_INT_MAX_ERR 1e-4f
-
-/* Whether the int16 path takes these shapes: plane strides of whole
- * 16-byte runs, more blocks than the float ones, and int32 sums that
- * cannot overflow. */
-static bool keys16_ok(int bits, int d) {
-    if (bits != 2 && bits != 4 && bits != 8) return false;
-    return code_bytes(bits, d) % 16 == 0 && d / 16 > KEY_FLOAT_BLOCKS &&
-           (int64_t)d * ((1 << bits) - 1) * 32767 < ((int64_t)1 << 31);
-}
-
-/* For one token group's fp16 scales sc and zeros zr and 4 rows of q: per
- * block in reading order (16-byte run u, slot j), 64 floats qb: either
- * q' of the 4 rows as floats (16 a row; fl[k] = 1) or q16 of the 4 rows
- * (16 int16 a row, in the first half; fl[k] = 0). Also the rows' scales S
- * and zero terms qz (with the rounding's common mode taken back). rm:
- * nb * 32 floats of scratch (each block's per-row largest |q'|, 8 lanes).
- * Returns false when the int16 rounding could move a logit by more than
- * KEY_INT_MAX_ERR (rms): the caller scores the group in float. */
-static ALWAYS_INLINE bool prep_keys16(const float *q, int d, int bits, const uint16_t *sc, const uint16_t *zr,
-                                      float *qb, uint8_t *fl, float *rm, float *S, float *qz) {
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    int stride = (int)code_bytes(bits, d), slots = 8 / bits, nb = d / 16;
-    __m256 z[4], mx[4], err[4];
-    for (int r = 0; r < 4; r++) z[r] = mx[r] = err[r] = _mm256_setzero_ps();
-    /* one pass over q in reading order: q' in float, the zero terms, and
-     * per block and row the largest |q'| (as 8 lanes) */
-    float *o = qb, *m8 = rm;
-    float top[KEY_FLOAT_BLOCKS];
-    int topk[KEY_FLOAT_BLOCKS];
-    for (int i = 0; i < KEY_FLOAT_BLOCKS; i++) {
-        top[i] = -1.0f;
-        topk[i] = 0;
-    }
-    for (int u = 0, k = 0; u < stride; u += 16)
-        for (int j = 0; j < slots; j++, k++, o += 64, m8 += 32) {
-            int c = j * stride + u;
-            __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + c)));
-            __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + c + 8)));
-            __m256 z0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(zr + c)));
-            __m256 z1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(zr + c + 8)));
-            __m256 bm = _mm256_setzero_ps();
-            for (int r = 0; r < 4; r++) {
-                const float *qr = q + (size_t)r * d + c;
-                __m256 q0 = _mm256_loadu_ps(qr), q1 = _mm256_loadu_ps(qr + 8);
-                z[r] = _mm256_fmadd_ps(q1, z1, _mm256_fmadd_ps(q0, z0, z[r]));
-                __m256 x0 = _mm256_mul_ps(q0, s0), x1 = _mm256_mul_ps(q1, s1);
-                _mm256_storeu_ps(o + 16 * r, x0);
-                _mm256_storeu_ps(o + 16 * r + 8, x1);
-                __m256 m = _mm256_max_ps(_mm256_and_ps(x0, absmask), _mm256_and_ps(x1, absmask));
-                _mm256_storeu_ps(m8 + 8 * r, m);
-                bm = _mm256_max_ps(bm, m);
-            }
-            /* keep the KEY_FLOAT_BLOCKS largest blocks (ties: the first) */
-            float b = hmax8(bm);
-            fl[k] = 0;
-            for (int i = 0; i < KEY_FLOAT_BLOCKS; i++)
-                if (b > top[i]) {
-                    for (int i2 = KEY_FLOAT_BLOCKS - 1; i2 > i; i2--) {
-                        top[i2] = top[i2 - 1];
-                        topk[i2] = topk[i2 - 1];
-                    }
-                    top[i] = b;
-                    topk[i] = k;
-                    break;
-                }
-        }
-    for (int i = 0; i < KEY_FLOAT_BLOCKS; i++) fl[topk[i]] = 1;
-    /* the rows' scales over the int16 blocks */
-    for (int k = 0; k < nb; k++)
-        if (!fl[k])
-            for (int r = 0; r < 4; r++) mx[r] = _mm256_max_ps(mx[r], _mm256_loadu_ps(rm + (size_t)k * 32 + 8 * r));
-    __m256 inv[4];
-    for (int r = 0; r < 4; r++) {
-        float m = hmax8(mx[r]);
-        /* all-zero q' (or scales): q16 = 0 and S = 0 */
-        inv[r] = _mm256_set1_ps(m > 0 ? 32767.0f / m : 0.0f);
-        S[r] = m / 32767.0f;
-    }
-    /* q16 in place: row r's 16 int16 overwrite floats of rows < r only
-     * (bytes 32 r .. 32 r + 31 of the block), already read */
-    for (int k = 0; k < nb; k++) {
-        if (fl[k]) continue;
-        float *b = qb + (size_t)k * 64;
-        for (int r = 0; r < 4; r++) {
-            __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(b + 16 * r), inv[r]);
-            __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(b + 16 * r + 8), inv[r]);
-            __m256i i0 = _mm256_cvtps_epi32(x0), i1 = _mm256_cvtps_epi32(x1);
-            err[r] = _mm256_add_ps(err[r], _mm256_add_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(i0), x0),
-                                                         _mm256_sub_ps(_mm256_cvtepi32_ps(i1), x1)));
-            /* |x| <= 32767: packs does not saturate; the permute puts its
-             * per-lane halves back in channel order */
-            _mm256_storeu_si256((__m256i *)(void *)((int16_t *)(void *)b + 16 * r),
-                                _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8));
-        }
-    }
-    float half = 0.5f * (float)((1 << bits) - 1);
-    for (int r = 0; r < 4; r++) qz[r] = hsum8(z[r]) - half * S[r] * hsum8(err[r]);
-    /* the rms of the rounding's part left in a logit, S sqrt(n var(e)
-     * E (c - cmax/2)^2) for n int16 channels, e uniform and codes spread
-     * evenly: var(e) = 1/12, E (c - cmax/2)^2 = (4^bits - 1) / 12 */
-    float n = (float)(16 * (nb - KEY_FLOAT_BLOCKS)), smax = 0;
-    for (int r = 0; r < 4; r++) smax = S[r] > smax ? S[r] : smax;
-    return smax * sqrtf(n * (float)((1 << 2 * bits) - 1) / 144.0f) <= KEY_INT_MAX_ERR;
-}
-
-/* One token's per-lane partial dot products for 4 rows (float, 8 lanes a
- * row, without the zero term): per 16 plane bytes, slot j's codes taken
- * down to c (shift, mask) as 16-bit lanes, which meet the rows' q16 in one
- * madd each, or for a float block are converted and meet q' in FMAs. */
-static ALWAYS_INLINE void dot16_token(const float *qb, const uint8_t *fl, const __m256 *S, const uint8_t *ct,
-                                      int stride, const int bits, __m256 v[4]) {
-    const __m256i mask = _mm256_set1_epi16((short)((1 << bits) - 1));
-    const float *qp = qb;
-    __m256i ai[4];
-    __m256 af[4];
-    for (int r = 0; r < 4; r++) {
-        ai[r] = _mm256_setzero_si256();
-        af[r] = _mm256_setzero_ps();
-    }
-    for (int u = 0, k = 0; u < stride; u += 16) {
-        __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ct + u)));
-        for (int j = 0; j < 8 / bits; j++, k++, qp += 64) {
-            __m256i cj;
-            if (bits * (j + 1) == 8) /* the top slot: a shift alone */
-                cj = _mm256_srli_epi16(x, 8 - bits);
-            else
-                cj = _mm256_and_si256(j ? _mm256_srli_epi16(x, bits * j) : x, mask);
-            if (fl[k]) {
-                __m256 c0 = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(cj)));
-                __m256 c1 = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(cj, 1)));
-                for (int r = 0; r < 4; r++) {
-                    af[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 16 * r), c0, af[r]);
-                    af[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 16 * r + 8), c1, af[r]);
-                }
-            } else {
-                const int16_t *qi = (const int16_t *)(const void *)qp;
-                for (int r = 0; r < 4; r++)
-                    ai[r] = _mm256_add_epi32(ai[r], _mm256_madd_epi16(cj, _mm256_loadu_si256((const __m256i *)(qi + 16 * r))));
-            }
-        }
-    }
-    for (int r = 0; r < 4; r++) v[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[r]), S[r], af[r]);
-}
-
-/* score_rows for 4 rows through q16 (keys16_ok shapes). Scratch: qb
- * [d / 16][64], S [4], qz [4], rm [d / 16][32], fl [d / 16] bytes. */
-static ALWAYS_INLINE void score_rows16(const float *q, int d, int G, const int bits, const uint8_t *blk,
-                                       int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
-    size_t cb = code_bytes(bits, d);
-    int stride = (int)cb, nb = d / 16;
-    const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
-    float *qb = scratch, *S = qb + 4 * (size_t)d, *qz = S + 4, *rm = qz + 4;
-    uint8_t *fl = (uint8_t *)(rm + 32 * (size_t)nb);
-    for (int t = t0; t < t0 + n;) {
-        int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
-        const uint16_t *sc = meta + (size_t)g * 2 * d;
-        if (!prep_keys16(q, d, bits, sc, sc + d, qb, fl, rm, S, qz)) {
-            score_rows(q, 4, d, G, bits, blk, block_tokens, t, end - t, logits + (t - t0), ld, scratch);
-            t = end;
-            continue;
-        }
-        __m256 vS[4];
-        for (int r = 0; r < 4; r++) vS[r] = _mm256_set1_ps(S[r]);
-        __m128 vz = _mm_loadu_ps(qz);
-        /* 8 tokens' per-lane partials summed by one transposing hadd tree
-         * a row: 8 logits per store */
-        for (; t + 8 <= end; t += 8) {
-            __m256 part[4][8]; /* [row][token] */
-            for (int k = 0; k < 8; k++) {
-                __m256 v[4];
-                dot16_token(qb, fl, vS, blk + (size_t)(t + k) * cb, stride, bits, v);
-                for (int r = 0; r < 4; r++) part[r][k] = v[r];
-            }
-            for (int r = 0; r < 4; r++) {
-                __m256 *p = part[r];
-                __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
-                __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
-                __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-                _mm256_storeu_ps(logits + (size_t)r * ld + (t - t0), _mm256_add_ps(sum, _mm256_set1_ps(qz[r])));
-            }
-        }
-        for (; t < end; t++) {
-            __m256 v[4];
-            dot16_token(qb, fl, vS, blk + (size_t)t * cb, stride, bits, v);
-            /* {r0, r1, r2, r3 | r0, r1, r2, r3} partial sums, then the halves */
-            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-            __m128 s = _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), vz);
-            float *l = logits + (t - t0);
-            _mm_store_ss(l, s);
-            _mm_store_ss(l + ld, _mm_movehdup_ps(s));
-            _mm_store_ss(l + 2 * (size_t)ld, _mm_movehl_ps(s, s));
-            _mm_store_ss(l + 3 * (size_t)ld, _mm_shuffle_ps(s, s, 3));
-        }
-        t = end;
-    }
-}
-
 bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
     int d = p->head_dim, bits = p->bits;
@@ -494,13 +268,7 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
         const float *qr = q + (size_t)r0 * d;
         float *lr = logits + (size_t)r0 * ld;
         int G = p->group;
-        if (R == 4 && keys16_ok(bits, d)) {
-            switch (bits) {
-            case 2: score_rows16(qr, d, G, 2, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            case 4: score_rows16(qr, d, G, 4, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            default: score_rows16(qr, d, G, 8, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            }
-        } else if (R == 4) {
+        if (R == 4) {
             switch (bits) {
             case 2: score_rows(qr, 4, d, G, 2, blk, block_tokens, t0, n, lr, ld, scratch); break;
             case 3: score_rows(qr, 4, d, G, 3, blk, block_tokens, t0, n, lr, ld, scratch); break;
@@ -858,9 +626,7 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
 /* Scratch floats the two kernels above need (for 4 rows at a time). */
 size_t vq_kivi_scratch_avx2(const vq_mparams *p) {
     size_t d = (size_t)p->head_dim, ng = d / (size_t)p->group;
-    /* keys: q' [4][d] and zero terms [4], or score_rows16's qb [d / 16][64],
-     * S, qz [4], rm [d / 16][32] and flags [d / 16] bytes */
-    if (!p->is_value) return 4 * d + 8 + 2 * d + d / 16;
+    if (!p->is_value) return 4 * d + 4; /* q' [4][d], zero terms [4] */
     /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], wp [ng][4][CHUNK/2],
      * zv [4][ng][8] and 8 floats to align it */
     return 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;
