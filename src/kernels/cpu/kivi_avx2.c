@@ -134,16 +134,15 @@ static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, plane_se
 }
 
 /* Adds one plane set of one token's codes c for R rows (4 or 1, a
- * constant) into accumulators: acc[r + 4 (j & 1)] for 4 rows (8 FMA chains
- * hide the FMA latency), acc[j & 3] for one. Per 8
+ * constant) into accumulators: acc[r + 4 (j & 1)] for 4 rows (8 FMA chains;
+ * dot_pair has why two tokens do better), acc[j & 3] for one. Per 8
  * bytes, slot j holds channels j * stride + u .. +7, taken as c * 2^(bits j)
  * by a mask alone (q' carries 2^-(bits j), see prep_keys), the top slot as
  * c by a shift alone.
  *
- * One token at a time: two tokens per step (each q' load feeding two FMAs)
- * needed 8 accumulators per token pair plus the codes of both, more
- * registers than AVX2 has, and the compiler spilled accumulators inside
- * the loop. q' comes straight from L1 as the FMAs' memory operand. */
+ * One token at a time (single rows, the 3-bit codes' plane sets, and
+ * tokens outside whole runs of 8; dot_pair takes two tokens for 4 rows).
+ * q' comes straight from L1 as the FMAs' memory operand. */
 static ALWAYS_INLINE void dot_plane(const float *qs, const uint8_t *c, int stride, const int bits, const int R,
                                     __m256 *acc) {
     const float *qp = qs;
@@ -191,6 +190,35 @@ static ALWAYS_INLINE void dot_b3(const float *qs, const uint8_t *c, int d, const
     }
 }
 
+/* dot_plane for two tokens (codes c and c + cb) and 4 rows, one
+ * accumulator per (token, row): each q' load feeds two FMAs. One token at
+ * a time, its 64 FMAs (2-bit, d = 128) run in 8 chains of 8, which at 4
+ * cycles of FMA latency is the whole peak rate only if the next token's
+ * chains start before these end; the loop ran at about one FMA a cycle.
+ * Two tokens give 8 chains of 16 with fewer instructions between them
+ * (no per-token merge of even and odd slots): 14 % less key time in cache
+ * (2-bit). Three tokens (12 chains) ran out of registers and spilled. */
+static ALWAYS_INLINE void dot_pair(const float *qs, const uint8_t *c, size_t cb, int stride, const int bits,
+                                   __m256 acc[2][4]) {
+    const float *qp = qs;
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < 4; r++) acc[k][r] = _mm256_setzero_ps();
+    for (int u = 0; u < stride; u += 8) {
+        __m256i x[2];
+        for (int k = 0; k < 2; k++) x[k] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + k * cb + u)));
+        for (int j = 0; j < 8 / bits; j++, qp += 32)
+            for (int k = 0; k < 2; k++) {
+                __m256i ix;
+                if (bits * (j + 1) < 8)
+                    ix = _mm256_and_si256(x[k], _mm256_set1_epi32(((1 << bits) - 1) << (bits * j)));
+                else /* the top slot: the lanes are zero-extended bytes, a shift alone gives c */
+                    ix = _mm256_srli_epi32(x[k], 8 - bits);
+                __m256 f = _mm256_cvtepi32_ps(ix);
+                for (int r = 0; r < 4; r++) acc[k][r] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * r), f, acc[k][r]);
+            }
+    }
+}
+
 /* One token's per-lane partial dot products: v[r] for 4 rows (8 lanes
  * each, summed later), or for one row spread over v[0..3]. */
 static ALWAYS_INLINE void dot_token(const float *qs, const uint8_t *ct, int d, const int bits, const int R,
@@ -225,10 +253,21 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
          * token and kv head less in cache) */
         for (; R == 4 && t + 8 <= end; t += 8) {
             __m256 part[4][8]; /* [row][token] */
-            for (int k = 0; k < 8; k++) {
-                __m256 v[4];
-                dot_token(qs, blk + (size_t)(t + k) * cb, d, bits, R, v);
-                for (int r = 0; r < 4; r++) part[r][k] = v[r];
+            if (bits == 3) { /* two plane sets a token: one token at a time */
+                for (int k = 0; k < 8; k++) {
+                    __m256 v[4];
+                    dot_token(qs, blk + (size_t)(t + k) * cb, d, bits, R, v);
+                    for (int r = 0; r < 4; r++) part[r][k] = v[r];
+                }
+            } else {
+                for (int k = 0; k < 8; k += 2) {
+                    __m256 acc[2][4];
+                    dot_pair(qs, blk + (size_t)(t + k) * cb, cb, (int)cb, bits, acc);
+                    for (int r = 0; r < 4; r++) {
+                        part[r][k] = acc[0][r];
+                        part[r][k + 1] = acc[1][r];
+                    }
+                }
             }
             for (int r = 0; r < 4; r++) {
                 __m256 *p = part[r];
