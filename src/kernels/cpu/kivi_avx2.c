@@ -140,8 +140,8 @@ static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, plane_se
  * by a mask alone (q' carries 2^-(bits j), see prep_keys), the top slot as
  * c by a shift alone.
  *
- * One token at a time (single rows, the 3-bit codes' plane sets, and
- * tokens outside whole runs of 8; dot_pair takes two tokens for 4 rows).
+ * One token at a time (single rows, and tokens outside whole runs of 8;
+ * dot_pair takes two tokens for 4 rows).
  * q' comes straight from L1 as the FMAs' memory operand. */
 static ALWAYS_INLINE void dot_plane(const float *qs, const uint8_t *c, int stride, const int bits, const int R,
                                     __m256 *acc) {
@@ -219,6 +219,31 @@ static ALWAYS_INLINE void dot_pair(const float *qs, const uint8_t *c, size_t cb,
     }
 }
 
+/* dot_b3 for two tokens and 4 rows (as dot_pair: one accumulator per
+ * (token, row), each q' load feeding two FMAs). */
+static ALWAYS_INLINE void dot_b3_pair(const float *qs, const uint8_t *c, size_t cb, int d, __m256 acc[2][4]) {
+    const int s2 = d / 4, s1 = d / 8;
+    const float *qp = qs;
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < 4; r++) acc[k][r] = _mm256_setzero_ps();
+    for (int u = 0; u < s2; u += 8) {
+        __m256i x[2], y[2];
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *ck = c + k * cb;
+            x[k] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ck + u)));
+            y[k] = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ck + s2 + u % s1))), 2);
+        }
+        int k0 = u / s1; /* the 1-bit slot of j = 0 */
+        for (int j = 0; j < 4; j++, qp += 32)
+            for (int k = 0; k < 2; k++) {
+                __m256i c2 = _mm256_and_si256(_mm256_srli_epi32(x[k], 2 * j), _mm256_set1_epi32(3));
+                __m256i c1 = _mm256_and_si256(_mm256_srli_epi32(y[k], 2 * j + k0), _mm256_set1_epi32(4));
+                __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(c2, c1));
+                for (int r = 0; r < 4; r++) acc[k][r] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * r), f, acc[k][r]);
+            }
+    }
+}
+
 /* One token's per-lane partial dot products: v[r] for 4 rows (8 lanes
  * each, summed later), or for one row spread over v[0..3]. */
 static ALWAYS_INLINE void dot_token(const float *qs, const uint8_t *ct, int d, const int bits, const int R,
@@ -253,20 +278,16 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
          * token and kv head less in cache) */
         for (; R == 4 && t + 8 <= end; t += 8) {
             __m256 part[4][8]; /* [row][token] */
-            if (bits == 3) { /* two plane sets a token: one token at a time */
-                for (int k = 0; k < 8; k++) {
-                    __m256 v[4];
-                    dot_token(qs, blk + (size_t)(t + k) * cb, d, bits, R, v);
-                    for (int r = 0; r < 4; r++) part[r][k] = v[r];
-                }
-            } else {
-                for (int k = 0; k < 8; k += 2) {
-                    __m256 acc[2][4];
-                    dot_pair(qs, blk + (size_t)(t + k) * cb, cb, (int)cb, bits, acc);
-                    for (int r = 0; r < 4; r++) {
-                        part[r][k] = acc[0][r];
-                        part[r][k + 1] = acc[1][r];
-                    }
+            for (int k = 0; k < 8; k += 2) {
+                __m256 acc[2][4];
+                const uint8_t *ct = blk + (size_t)(t + k) * cb;
+                if (bits == 3)
+                    dot_b3_pair(qs, ct, cb, d, acc);
+                else
+                    dot_pair(qs, ct, cb, (int)cb, bits, acc);
+                for (int r = 0; r < 4; r++) {
+                    part[r][k] = acc[0][r];
+                    part[r][k + 1] = acc[1][r];
                 }
             }
             for (int r = 0; r < 4; r++) {
