@@ -133,7 +133,7 @@ static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, plane_se
     for (int r = 0; r < 4; r++) qz[r] = r < R ? hsum8(z[r]) : 0.0f;
 }
 
-/* Adds one plane set of one token's codes c for R rows (4 or 1, a
+/* Adds one plane set of one token's codes c for R rows (4, 2 or 1, a
  * constant) into accumulators: acc[r + 4 (j & 1)] for 4 rows (8 FMA chains;
  * dot_pair has why two tokens do better), acc[r + 2 (j & 3)] for 2, acc[j & 3]
  * for one. Per 8
