@@ -5,7 +5,7 @@
  * minimum is the best estimate of the code's cost on a shared, noisy
  * machine, the median says how noisy it was.
  *
- * Usage: bench_kernels [--seq N] [--dim D] [--reps R] [SPEC ...]
+ * Usage: bench_kernels [--seq N] [--dim D] [--reps R] [--heads HQ/HKV] [SPEC ...]
  * (default: 4096 tokens, d = 128, 400 repetitions, heads 8/2 and 32/8,
  * specs fp16, kivi:bits=2, kivi:bits=4). */
 #include "veloxquant.h"
@@ -78,15 +78,21 @@ static int bench_one(const char *spec, int hq, int hkv, int d, int seq, int reps
 
 int main(int argc, char **argv) {
     int seq = 4096, d = 128, reps = 400, nspec = 0;
+    int heads[2][2] = {{8, 2}, {32, 8}}, nheads = 2;
     const char *specs[16];
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seq") && i + 1 < argc) seq = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dim") && i + 1 < argc) d = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--heads") && i + 1 < argc) {
+            nheads = 1;
+            if (sscanf(argv[++i], "%d/%d", &heads[0][0], &heads[0][1]) != 2) heads[0][0] = 0;
+        }
         else if (nspec < 16) specs[nspec++] = argv[i];
     }
-    if (seq < 1 || d < 8 || reps < 1) {
-        fprintf(stderr, "usage: bench_kernels [--seq N] [--dim D] [--reps R] [SPEC ...]\n");
+    if (seq < 1 || d < 8 || reps < 1 || heads[0][0] < 1 || heads[0][1] < 1 || heads[0][0] % heads[0][1]) {
+        fprintf(stderr, "usage: bench_kernels [--seq N] [--dim D] [--reps R] [--heads HQ/HKV] [SPEC ...]\n"
+                        "  (N, R >= 1, D >= 8, HQ a multiple of HKV >= 1)\n");
         return 2;
     }
     if (nspec == 0) {
@@ -95,8 +101,7 @@ int main(int argc, char **argv) {
         specs[nspec++] = "kivi:bits=4";
     }
     printf("bench_kernels: one decode step, 1 thread, %d tokens in cache, %d repetitions\n", seq, reps);
-    static const int heads[2][2] = {{8, 2}, {32, 8}};
-    for (int h = 0; h < 2; h++)
+    for (int h = 0; h < nheads; h++)
         for (int s = 0; s < nspec; s++)
             if (bench_one(specs[s], heads[h][0], heads[h][1], d, seq, reps)) return 1;
     return 0;

@@ -133,17 +133,17 @@ static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, plane_se
     for (int r = 0; r < 4; r++) qz[r] = r < R ? hsum8(z[r]) : 0.0f;
 }
 
-/* Adds one plane set of one token's codes c for R rows (4 or 1, a
- * constant) into accumulators: acc[r + 4 (j & 1)] for 4 rows (8 FMA chains
- * hide the FMA latency), acc[j & 3] for one. Per 8
+/* Adds one plane set of one token's codes c for R rows (4, 2 or 1, a
+ * constant) into accumulators: acc[r + 4 (j & 1)] for 4 rows (8 FMA chains;
+ * dot_pair has why two tokens do better), acc[r + 2 (j & 3)] for 2, acc[j & 3]
+ * for one. Per 8
  * bytes, slot j holds channels j * stride + u .. +7, taken as c * 2^(bits j)
  * by a mask alone (q' carries 2^-(bits j), see prep_keys), the top slot as
  * c by a shift alone.
  *
- * One token at a time: two tokens per step (each q' load feeding two FMAs)
- * needed 8 accumulators per token pair plus the codes of both, more
- * registers than AVX2 has, and the compiler spilled accumulators inside
- * the loop. q' comes straight from L1 as the FMAs' memory operand. */
+ * One token at a time (single rows, and tokens outside whole runs of 8;
+ * dot_pair takes two tokens for 4 rows).
+ * q' comes straight from L1 as the FMAs' memory operand. */
 static ALWAYS_INLINE void dot_plane(const float *qs, const uint8_t *c, int stride, const int bits, const int R,
                                     __m256 *acc) {
     const float *qp = qs;
@@ -157,7 +157,7 @@ static ALWAYS_INLINE void dot_plane(const float *qs, const uint8_t *c, int strid
                 ix = _mm256_srli_epi32(x, 8 - bits);
             __m256 f = _mm256_cvtepi32_ps(ix);
             for (int r = 0; r < R; r++) {
-                int i = R == 1 ? (j & 3) : r + 4 * (j & 1);
+                int i = R == 1 ? (j & 3) : R == 2 ? r + 2 * (j & 3) : r + 4 * (j & 1);
                 acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * r), f, acc[i]);
             }
             qp += 8 * R;
@@ -183,7 +183,7 @@ static ALWAYS_INLINE void dot_b3(const float *qs, const uint8_t *c, int d, const
             __m256i c1 = _mm256_and_si256(_mm256_srli_epi32(y, 2 * j + k0), four);
             __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(c2, c1));
             for (int r = 0; r < R; r++) {
-                int i = R == 1 ? (j & 3) : r + 4 * (j & 1);
+                int i = R == 1 ? (j & 3) : R == 2 ? r + 2 * (j & 3) : r + 4 * (j & 1);
                 acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * r), f, acc[i]);
             }
             qp += 8 * R;
@@ -191,7 +191,61 @@ static ALWAYS_INLINE void dot_b3(const float *qs, const uint8_t *c, int d, const
     }
 }
 
-/* One token's per-lane partial dot products: v[r] for 4 rows (8 lanes
+/* dot_plane for two tokens (codes c and c + cb) and 4 rows, one
+ * accumulator per (token, row): each q' load feeds two FMAs. One token at
+ * a time, its 64 FMAs (2-bit, d = 128) run in 8 chains of 8, which at 4
+ * cycles of FMA latency is the whole peak rate only if the next token's
+ * chains start before these end; the loop ran at about one FMA a cycle.
+ * Two tokens give 8 chains of 16 with fewer instructions between them
+ * (no per-token merge of even and odd slots): 14 % less key time in cache
+ * (2-bit). Three tokens (12 chains) ran out of registers and spilled. */
+static ALWAYS_INLINE void dot_pair(const float *qs, const uint8_t *c, size_t cb, int stride, const int bits,
+                                   __m256 acc[2][4]) {
+    const float *qp = qs;
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < 4; r++) acc[k][r] = _mm256_setzero_ps();
+    for (int u = 0; u < stride; u += 8) {
+        __m256i x[2];
+        for (int k = 0; k < 2; k++) x[k] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + k * cb + u)));
+        for (int j = 0; j < 8 / bits; j++, qp += 32)
+            for (int k = 0; k < 2; k++) {
+                __m256i ix;
+                if (bits * (j + 1) < 8)
+                    ix = _mm256_and_si256(x[k], _mm256_set1_epi32(((1 << bits) - 1) << (bits * j)));
+                else /* the top slot: the lanes are zero-extended bytes, a shift alone gives c */
+                    ix = _mm256_srli_epi32(x[k], 8 - bits);
+                __m256 f = _mm256_cvtepi32_ps(ix);
+                for (int r = 0; r < 4; r++) acc[k][r] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * r), f, acc[k][r]);
+            }
+    }
+}
+
+/* dot_b3 for two tokens and 4 rows (as dot_pair: one accumulator per
+ * (token, row), each q' load feeding two FMAs). */
+static ALWAYS_INLINE void dot_b3_pair(const float *qs, const uint8_t *c, size_t cb, int d, __m256 acc[2][4]) {
+    const int s2 = d / 4, s1 = d / 8;
+    const float *qp = qs;
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < 4; r++) acc[k][r] = _mm256_setzero_ps();
+    for (int u = 0; u < s2; u += 8) {
+        __m256i x[2], y[2];
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *ck = c + k * cb;
+            x[k] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ck + u)));
+            y[k] = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ck + s2 + u % s1))), 2);
+        }
+        int k0 = u / s1; /* the 1-bit slot of j = 0 */
+        for (int j = 0; j < 4; j++, qp += 32)
+            for (int k = 0; k < 2; k++) {
+                __m256i c2 = _mm256_and_si256(_mm256_srli_epi32(x[k], 2 * j), _mm256_set1_epi32(3));
+                __m256i c1 = _mm256_and_si256(_mm256_srli_epi32(y[k], 2 * j + k0), _mm256_set1_epi32(4));
+                __m256 f = _mm256_cvtepi32_ps(_mm256_add_epi32(c2, c1));
+                for (int r = 0; r < 4; r++) acc[k][r] = _mm256_fmadd_ps(_mm256_loadu_ps(qp + 8 * r), f, acc[k][r]);
+            }
+    }
+}
+
+/* One token's per-lane partial dot products: v[r] for 4 or 2 rows (8 lanes
  * each, summed later), or for one row spread over v[0..3]. */
 static ALWAYS_INLINE void dot_token(const float *qs, const uint8_t *ct, int d, const int bits, const int R,
                                     __m256 v[4]) {
@@ -203,9 +257,11 @@ static ALWAYS_INLINE void dot_token(const float *qs, const uint8_t *ct, int d, c
         dot_plane(qs, ct, (int)code_bytes(bits, d), bits, R, acc);
     }
     for (int i = 0; i < 4; i++) v[i] = _mm256_add_ps(acc[i], acc[4 + i]);
+    if (R == 2) /* rows 0, 1 in v[0], v[1]; their other slots in v[2], v[3] */
+        for (int r = 0; r < 2; r++) v[r] = _mm256_add_ps(v[r], v[r + 2]);
 }
 
-/* Scores tokens [t0, t0 + n) for R rows (4 or 1); bits and R are constants
+/* Scores tokens [t0, t0 + n) for R rows (4, 2 or 1); bits and R are constants
  * in each caller, so the unpacking uses immediate masks and the
  * accumulators stay in registers. */
 static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, const int bits, const uint8_t *blk,
@@ -219,18 +275,31 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
         const uint16_t *sc = meta + (size_t)g * 2 * d;
         prep_keys(q, R, d, ps, sc, sc + d, qs, qz);
         __m128 vz = _mm_loadu_ps(qz);
-        /* 4 rows: 8 tokens' per-lane partials are kept and summed by one
-         * transposing hadd tree per row, 8 logits per store (instead of a
-         * tree, an extract and four scalar stores per token: about 1 ns per
-         * token and kv head less in cache) */
-        for (; R == 4 && t + 8 <= end; t += 8) {
+        /* 4 or 2 rows: 8 tokens' per-lane partials are kept and summed by
+         * one transposing hadd tree per row, 8 logits per store (instead of
+         * a tree, an extract and four scalar stores per token: about 1 ns
+         * per token and kv head less in cache) */
+        for (; R >= 2 && t + 8 <= end; t += 8) {
             __m256 part[4][8]; /* [row][token] */
-            for (int k = 0; k < 8; k++) {
+            for (int k = 0; R == 2 && k < 8; k++) {
                 __m256 v[4];
                 dot_token(qs, blk + (size_t)(t + k) * cb, d, bits, R, v);
-                for (int r = 0; r < 4; r++) part[r][k] = v[r];
+                part[0][k] = v[0];
+                part[1][k] = v[1];
             }
-            for (int r = 0; r < 4; r++) {
+            for (int k = 0; R == 4 && k < 8; k += 2) {
+                __m256 acc[2][4];
+                const uint8_t *ct = blk + (size_t)(t + k) * cb;
+                if (bits == 3)
+                    dot_b3_pair(qs, ct, cb, d, acc);
+                else
+                    dot_pair(qs, ct, cb, (int)cb, bits, acc);
+                for (int r = 0; r < 4; r++) {
+                    part[r][k] = acc[0][r];
+                    part[r][k + 1] = acc[1][r];
+                }
+            }
+            for (int r = 0; r < R; r++) {
                 __m256 *p = part[r];
                 __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
                 __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
@@ -244,6 +313,9 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
             float *l = logits + (t - t0);
             if (R == 1) {
                 l[0] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3]))) + qz[0];
+            } else if (R == 2) {
+                l[0] = hsum8(v[0]) + qz[0];
+                l[ld] = hsum8(v[1]) + qz[1];
             } else {
                 /* {r0, r1, r2, r3 | r0, r1, r2, r3} partial sums, then the halves */
                 __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
@@ -262,9 +334,10 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
                         int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
     int d = p->head_dim, bits = p->bits;
     if (!planes_ok(bits, d, 8)) return false;
-    /* 4 rows at a time, then the rest one by one */
+    /* 4 rows at a time, then 2, then 1: the rows of one call share every
+     * code load and conversion */
     for (int r0 = 0; r0 < rows;) {
-        int R = rows - r0 >= 4 ? 4 : 1;
+        int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
         const float *qr = q + (size_t)r0 * d;
         float *lr = logits + (size_t)r0 * ld;
         int G = p->group;
@@ -274,6 +347,13 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
             case 3: score_rows(qr, 4, d, G, 3, blk, block_tokens, t0, n, lr, ld, scratch); break;
             case 4: score_rows(qr, 4, d, G, 4, blk, block_tokens, t0, n, lr, ld, scratch); break;
             default: score_rows(qr, 4, d, G, 8, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            }
+        } else if (R == 2) {
+            switch (bits) {
+            case 2: score_rows(qr, 2, d, G, 2, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            case 3: score_rows(qr, 2, d, G, 3, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            case 4: score_rows(qr, 2, d, G, 4, blk, block_tokens, t0, n, lr, ld, scratch); break;
+            default: score_rows(qr, 2, d, G, 8, blk, block_tokens, t0, n, lr, ld, scratch); break;
             }
         } else {
             switch (bits) {
@@ -343,7 +423,7 @@ static ALWAYS_INLINE __m256i pair_codes(const uint8_t *ca, const uint8_t *cb, __
 
 /* acc[R rows][8 channels from ch] += deq[r] * fs * sum over the chunk's
  * token pairs of the weight pairs times one slot of 8 plane bytes (R a
- * constant; accum_plane sends 4 rows to accum_slot16 and single rows here).
+ * constant; accum_plane sends 4 rows to accum_slot16, 2 or 1 rows here).
  * The codes are taken with a mask only, c * 2^(bits j) (at most 255: fits
  * the int16 operand); fs = 2^shl / 2^(bits j) takes the power back. wg: the
  * weight pairs of the slot's group, row r at wg + r * CHUNK / 2. The float
@@ -529,7 +609,7 @@ static void regroup_meta4(const uint16_t *m, int ng, float *sT, float *zT) {
         }
 }
 
-/* Accumulates tokens [t0, t0 + n) into R rows (4 or 1). */
+/* Accumulates tokens [t0, t0 + n) into R rows (4, 2 or 1). */
 static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d, int G, const int bits,
                                      const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
                                      float *scratch) {
@@ -602,7 +682,7 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
                         int block_tokens, int t0, int n, float *acc, float *scratch) {
     int d = p->head_dim, G = p->group, ng = d / G;
     if (!planes_ok(p->bits, d, 16) || d % G != 0 || ng > 16) return false;
-    /* 4 rows at a time, then the rest one by one */
+    /* 4 rows at a time, then 2, then 1 */
     for (int r0 = 0; r0 < rows;) {
         const float *wr = w + (size_t)r0 * ld;
         float *ar = acc + (size_t)r0 * d;
@@ -615,6 +695,14 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
             default: accum_rows(wr, ld, 4, d, G, 8, blk, block_tokens, t0, n, ar, scratch); break;
             }
             r0 += 4;
+        } else if (rows - r0 >= 2) {
+            switch (p->bits) {
+            case 2: accum_rows(wr, ld, 2, d, G, 2, blk, block_tokens, t0, n, ar, scratch); break;
+            case 3: accum_rows(wr, ld, 2, d, G, 3, blk, block_tokens, t0, n, ar, scratch); break;
+            case 4: accum_rows(wr, ld, 2, d, G, 4, blk, block_tokens, t0, n, ar, scratch); break;
+            default: accum_rows(wr, ld, 2, d, G, 8, blk, block_tokens, t0, n, ar, scratch); break;
+            }
+            r0 += 2;
         } else {
             accum_rows(wr, ld, 1, d, G, p->bits, blk, block_tokens, t0, n, ar, scratch);
             r0 += 1;
