@@ -414,6 +414,16 @@ static float prep_weights(const float *wr, const float *sT, const float *zT, int
     return deq;
 }
 
+/* a + the madd of x and w, in int32 lanes. The value kernels' int32
+ * accumulators are __v8si (GCC's and clang's vector type of the AVX
+ * headers), not __m256i: _mm256_add_epi32 adds in __v8si and returns
+ * __m256i, whose lanes are 64-bit to GCC, and GCC 12 did not keep a
+ * loop-carried __m256i in one register across that change of type. Each
+ * accumulator then cost a register move every pair and one lived on the
+ * stack: 46 instructions per token pair of the 4-row step where the work
+ * is 29 (2-bit). */
+static ALWAYS_INLINE __v8si madd_acc(__v8si a, __m256i x, __m256i w) { return a + (__v8si)_mm256_madd_epi16(x, w); }
+
 /* One token pair's codes of 8 channels, interleaved as int16 pairs (c_t,
  * c_t+1) per channel and masked to one slot: the operand of madd. */
 static ALWAYS_INLINE __m256i pair_codes(const uint8_t *ca, const uint8_t *cb, __m256i mask) {
@@ -430,8 +440,8 @@ static ALWAYS_INLINE __m256i pair_codes(const uint8_t *ca, const uint8_t *cb, __
  * factors are formed after the loop. */
 static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, __m256i mask,
                                      const float *deq, float fs, const int R, float *acc, int d) {
-    __m256i a[4];
-    for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
+    __v8si a[4];
+    for (int r = 0; r < R; r++) a[r] = (__v8si)_mm256_setzero_si256();
     /* whole pairs with running pointers (no per-pair index math), then an
      * odd last token paired with itself: its partner's weight is 0 */
     const uint8_t *ca = codes;
@@ -439,65 +449,91 @@ static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, co
     int t = 0;
     for (; t + 2 <= cn; t += 2, ca += 2 * cb, wt++) {
         __m256i x = pair_codes(ca, ca + cb, mask);
-        for (int r = 0; r < R; r++) a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(x, _mm256_set1_epi32(wt[r * (CHUNK / 2)])));
+        for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wt[r * (CHUNK / 2)]));
     }
     if (t < cn) {
         __m256i x = pair_codes(ca, ca, mask);
-        for (int r = 0; r < R; r++) a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(x, _mm256_set1_epi32(wt[r * (CHUNK / 2)])));
+        for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wt[r * (CHUNK / 2)]));
     }
     for (int r = 0; r < R; r++) {
         float *o = acc + (size_t)r * d;
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_set1_ps(deq[r] * fs), _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[r]), _mm256_set1_ps(deq[r] * fs), _mm256_loadu_ps(o)));
     }
 }
 
 /* The madds of one token pair for 4 rows into the 16-channel accumulators
  * of accum_slot16 (lo, hi: the pair's codes as 16-bit lanes; wg: the rows'
  * paired int16 weights, CHUNK / 2 apart). */
-static ALWAYS_INLINE void madd_rows16(__m256i lo, __m256i hi, const int32_t *wg, __m256i a[8]) {
+static ALWAYS_INLINE void madd_rows16(__m256i lo, __m256i hi, const int32_t *wg, __v8si a[8]) {
     for (int r = 0; r < 4; r++) {
         __m256i w = _mm256_set1_epi32(wg[r * (CHUNK / 2)]);
-        a[2 * r] = _mm256_add_epi32(a[2 * r], _mm256_madd_epi16(lo, w));
-        a[2 * r + 1] = _mm256_add_epi32(a[2 * r + 1], _mm256_madd_epi16(hi, w));
+        a[2 * r] = madd_acc(a[2 * r], lo, w);
+        a[2 * r + 1] = madd_acc(a[2 * r + 1], hi, w);
     }
 }
 
 /* acc rows (d apart) += the 16-channel int sums a times deq[r] * fs. */
-static ALWAYS_INLINE void add_rows16(const __m256i a[8], const float *deq, float fs, float *acc, int d) {
+static ALWAYS_INLINE void add_rows16(const __v8si a[8], const float *deq, float fs, float *acc, int d) {
     for (int r = 0; r < 4; r++) {
         float *o = acc + (size_t)r * d;
         __m256 f = _mm256_set1_ps(deq[r] * fs);
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r]), f, _mm256_loadu_ps(o)));
-        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r + 1]), f, _mm256_loadu_ps(o + 8)));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[2 * r]), f, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[2 * r + 1]), f, _mm256_loadu_ps(o + 8)));
     }
+}
+
+/* One token pair's 16 bytes of plane codes (xa, xb) as two vectors of 8
+ * int16 pairs (c_t, c_t+1) each, slot j taken with one instruction: the
+ * top slot shifted down (c itself), a lower one masked in place
+ * (c * 2^(bits j), at most 255: fits the madd operand; accum_slot16 takes
+ * the power back in float). 8-bit codes need neither. */
+static ALWAYS_INLINE void slot_pairs16(__m128i xa, __m128i xb, const int bits, const int j, __m256i *lo,
+                                       __m256i *hi) {
+    __m256i l = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
+    __m256i h = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
+    if (bits == 8) {
+    } else if (j == 8 / bits - 1) {
+        l = _mm256_srli_epi16(l, bits * j);
+        h = _mm256_srli_epi16(h, bits * j);
+    } else {
+        __m256i m = _mm256_set1_epi16((short)(((1 << bits) - 1) << (bits * j)));
+        l = _mm256_and_si256(l, m);
+        h = _mm256_and_si256(h, m);
+    }
+    *lo = l;
+    *hi = h;
 }
 
 /* accum_slot for 4 rows and 16 channels (one group: runs of 16 start at
  * multiples of 16 and groups are at least 32 wide): one 16-byte load per
  * token serves two vectors of 8 channel pairs, and each weight broadcast
- * two madds. Slot j of b-bit codes is taken with two immediate shifts (up
- * to the top of the 16-bit lane, down to the bottom), so it counts as c
- * itself and no mask register is needed: 8 accumulators, the two code
- * vectors and the weights then fit in the 16 registers (with a mask GCC
- * kept one accumulator on the stack, and the loop ran at the latency of
- * its store and reload). */
+ * two madds. The loop takes whole pairs only (an odd last token comes
+ * after it, not as a choice of partner in every pair), and slot j costs
+ * one shift or mask instead of two shifts (see slot_pairs16): 29 to 31
+ * instructions per pair, 8 madds and 8 adds of them. Sums of masked codes
+ * may pass 2^24 and round once in the int to float conversion (2^-24
+ * relative, far below the int16 weights' rounding). */
 static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, const int bits,
                                        const int j, const float *deq, float fs, float *acc, int d) {
-    __m256i a[8];
-    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
+    __v8si a[8];
+    __m256i lo, hi;
+    for (int i = 0; i < 8; i++) a[i] = (__v8si)_mm256_setzero_si256();
     const uint8_t *ca = codes;
     const int32_t *wt = wg;
-    for (int t = 0; t < cn; t += 2, ca += 2 * cb, wt++) {
-        __m128i xa = _mm_loadu_si128((const __m128i *)ca);
-        /* an odd last token is paired with itself: its partner's weight is 0 */
-        __m128i xb = t + 1 < cn ? _mm_loadu_si128((const __m128i *)(ca + cb)) : xa;
-        __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
-        __m256i hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
-        lo = _mm256_srli_epi16(_mm256_slli_epi16(lo, 16 - bits * (j + 1)), 16 - bits);
-        hi = _mm256_srli_epi16(_mm256_slli_epi16(hi, 16 - bits * (j + 1)), 16 - bits);
+    const uint8_t *end = codes + (size_t)(cn & ~1) * cb;
+    for (; ca != end; ca += 2 * cb, wt++) {
+        slot_pairs16(_mm_loadu_si128((const __m128i *)ca), _mm_loadu_si128((const __m128i *)(ca + cb)), bits, j,
+                     &lo, &hi);
         madd_rows16(lo, hi, wt, a);
     }
-    add_rows16(a, deq, fs, acc, d);
+    if (cn & 1) {
+        /* paired with itself: its partner's weight is 0 */
+        __m128i x = _mm_loadu_si128((const __m128i *)ca);
+        slot_pairs16(x, x, bits, j, &lo, &hi);
+        madd_rows16(lo, hi, wt, a);
+    }
+    /* a lower slot was masked in place: its codes counted 2^(bits j) */
+    add_rows16(a, deq, bits == 8 || j == 8 / bits - 1 ? fs : fs / (float)(1 << (bits * j)), acc, d);
 }
 
 /* accum_slot16 for 3-bit codes: the 2-bit part from slot j of the 2-bit
@@ -507,8 +543,8 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
  * twice the 2-bit ones. */
 static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, size_t cb, int cn, const int32_t *wg,
                                           const int j, const int j1, const float *deq, float *acc, int d) {
-    __m256i a[8];
-    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
+    __v8si a[8];
+    for (int i = 0; i < 8; i++) a[i] = (__v8si)_mm256_setzero_si256();
     for (int t = 0; t < cn; t += 2, c2 += 2 * cb, c1 += 2 * cb, wg++) {
         __m128i xa = _mm_loadu_si128((const __m128i *)c2), ya = _mm_loadu_si128((const __m128i *)c1);
         /* an odd last token is paired with itself: its partner's weight is 0 */
