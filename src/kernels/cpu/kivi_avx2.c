@@ -433,7 +433,8 @@ static ALWAYS_INLINE __m256i pair_codes(const uint8_t *ca, const uint8_t *cb, __
 
 /* acc[R rows][8 channels from ch] += deq[r] * fs * sum over the chunk's
  * token pairs of the weight pairs times one slot of 8 plane bytes (R a
- * constant; accum_plane sends 4 rows to accum_slot16, 2 or 1 rows here).
+ * constant; accum_plane sends 4 or 2 rows to accum_slot16, single rows
+ * here).
  * The codes are taken with a mask only, c * 2^(bits j) (at most 255: fits
  * the int16 operand); fs = 2^shl / 2^(bits j) takes the power back. wg: the
  * weight pairs of the slot's group, row r at wg + r * CHUNK / 2. The float
@@ -461,11 +462,11 @@ static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, co
     }
 }
 
-/* The madds of one token pair for 4 rows into the 16-channel accumulators
- * of accum_slot16 (lo, hi: the pair's codes as 16-bit lanes; wg: the rows'
- * paired int16 weights, CHUNK / 2 apart). */
-static ALWAYS_INLINE void madd_rows16(__m256i lo, __m256i hi, const int32_t *wg, __v8si a[8]) {
-    for (int r = 0; r < 4; r++) {
+/* The madds of one token pair for R rows (4 or 2) into the 16-channel
+ * accumulators of accum_slot16 (lo, hi: the pair's codes as 16-bit lanes;
+ * wg: the rows' paired int16 weights, CHUNK / 2 apart). */
+static ALWAYS_INLINE void madd_rows16(__m256i lo, __m256i hi, const int32_t *wg, const int R, __v8si a[8]) {
+    for (int r = 0; r < R; r++) {
         __m256i w = _mm256_set1_epi32(wg[r * (CHUNK / 2)]);
         a[2 * r] = madd_acc(a[2 * r], lo, w);
         a[2 * r + 1] = madd_acc(a[2 * r + 1], hi, w);
@@ -473,8 +474,9 @@ static ALWAYS_INLINE void madd_rows16(__m256i lo, __m256i hi, const int32_t *wg,
 }
 
 /* acc rows (d apart) += the 16-channel int sums a times deq[r] * fs. */
-static ALWAYS_INLINE void add_rows16(const __v8si a[8], const float *deq, float fs, float *acc, int d) {
-    for (int r = 0; r < 4; r++) {
+static ALWAYS_INLINE void add_rows16(const __v8si a[8], const float *deq, float fs, const int R, float *acc,
+                                      int d) {
+    for (int r = 0; r < R; r++) {
         float *o = acc + (size_t)r * d;
         __m256 f = _mm256_set1_ps(deq[r] * fs);
         _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[2 * r]), f, _mm256_loadu_ps(o)));
@@ -504,7 +506,7 @@ static ALWAYS_INLINE void slot_pairs16(__m128i xa, __m128i xb, const int bits, c
     *hi = h;
 }
 
-/* accum_slot for 4 rows and 16 channels (one group: runs of 16 start at
+/* accum_slot for R rows (4 or 2) and 16 channels (one group: runs of 16 start at
  * multiples of 16 and groups are at least 32 wide): one 16-byte load per
  * token serves two vectors of 8 channel pairs, and each weight broadcast
  * two madds. The loop takes whole pairs only (an odd last token comes
@@ -514,7 +516,7 @@ static ALWAYS_INLINE void slot_pairs16(__m128i xa, __m128i xb, const int bits, c
  * may pass 2^24 and round once in the int to float conversion (2^-24
  * relative, far below the int16 weights' rounding). */
 static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, const int bits,
-                                       const int j, const float *deq, float fs, float *acc, int d) {
+                                       const int j, const float *deq, float fs, const int R, float *acc, int d) {
     __v8si a[8];
     __m256i lo, hi;
     for (int i = 0; i < 8; i++) a[i] = (__v8si)_mm256_setzero_si256();
@@ -524,16 +526,16 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
     for (; ca != end; ca += 2 * cb, wt++) {
         slot_pairs16(_mm_loadu_si128((const __m128i *)ca), _mm_loadu_si128((const __m128i *)(ca + cb)), bits, j,
                      &lo, &hi);
-        madd_rows16(lo, hi, wt, a);
+        madd_rows16(lo, hi, wt, R, a);
     }
     if (cn & 1) {
         /* paired with itself: its partner's weight is 0 */
         __m128i x = _mm_loadu_si128((const __m128i *)ca);
         slot_pairs16(x, x, bits, j, &lo, &hi);
-        madd_rows16(lo, hi, wt, a);
+        madd_rows16(lo, hi, wt, R, a);
     }
     /* a lower slot was masked in place: its codes counted 2^(bits j) */
-    add_rows16(a, deq, bits == 8 || j == 8 / bits - 1 ? fs : fs / (float)(1 << (bits * j)), acc, d);
+    add_rows16(a, deq, bits == 8 || j == 8 / bits - 1 ? fs : fs / (float)(1 << (bits * j)), R, acc, d);
 }
 
 /* accum_slot16 for 3-bit codes: the 2-bit part from slot j of the 2-bit
@@ -542,7 +544,8 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
  * passes, one per plane set, did every madd twice: 3-bit values cost about
  * twice the 2-bit ones. */
 static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, size_t cb, int cn, const int32_t *wg,
-                                          const int j, const int j1, const float *deq, float *acc, int d) {
+                                          const int j, const int j1, const float *deq, const int R, float *acc,
+                                          int d) {
     __v8si a[8];
     for (int i = 0; i < 8; i++) a[i] = (__v8si)_mm256_setzero_si256();
     for (int t = 0; t < cn; t += 2, c2 += 2 * cb, c1 += 2 * cb, wg++) {
@@ -561,24 +564,24 @@ static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, 
         hhi = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_slli_epi16(hhi, 15 - j1), 15), 2);
         lo = _mm256_add_epi16(lo, hlo);
         hi = _mm256_add_epi16(hi, hhi);
-        madd_rows16(lo, hi, wg, a);
+        madd_rows16(lo, hi, wg, R, a);
     }
-    add_rows16(a, deq, 1.0f, acc, d);
+    add_rows16(a, deq, 1.0f, R, acc, d);
 }
 
-/* Every channel of 3-bit codes for one chunk and 4 rows. Channel
+/* Every channel of 3-bit codes for one chunk and R rows (4 or 2). Channel
  * ch = j s2 + u + i (s2 = d / 4, the 2-bit plane stride; u a multiple of
  * 16) has its high bit in byte (u mod s1) + i, slot 2 j + u / s1, of the
  * 1-bit planes (s1 = d / 8; s1 is a multiple of 16 here). */
-static void accum_planes_b3(const uint8_t *codes, size_t cb, int cn, int G, const int32_t *wp, const float *deq,
-                            float *acc, int d) {
+static ALWAYS_INLINE void accum_planes_b3(const uint8_t *codes, size_t cb, int cn, int G, const int32_t *wp,
+                                          const float *deq, const int R, float *acc, int d) {
     const int s2 = d / 4, s1 = d / 8;
     for (int u = 0; u < s2; u += 16)
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             int ch = j * s2 + u, g = ch / G;
-            accum_slot16_b3(codes + u, codes + s2 + u % s1, cb, cn, wp + (size_t)g * 4 * (CHUNK / 2), j,
-                            2 * j + u / s1, deq, acc + ch, d);
+            accum_slot16_b3(codes + u, codes + s2 + u % s1, cb, cn, wp + (size_t)g * R * (CHUNK / 2), j,
+                            2 * j + u / s1, deq, R, acc + ch, d);
         }
 }
 
@@ -586,7 +589,7 @@ static void accum_planes_b3(const uint8_t *codes, size_t cb, int cn, int G, cons
  * counts 2^shl (the high bit of 3-bit codes: 4). wp is [group][row][pair]. */
 static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, int stride, const int bits, int shl,
                                       int G, const int32_t *wp, const float *deq, const int R, float *acc, int d) {
-    if (R == 4) {
+    if (R >= 2) {
         /* the slot count outside the loop test: with UBSan's division check
          * in the test, GCC drops the unroll pragma (and warns) */
         const int slots = 8 / bits;
@@ -594,7 +597,7 @@ static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, i
 #pragma GCC unroll 8
             for (int j = 0; j < slots; j++) {
                 int ch = j * stride + u, g = ch / G;
-                accum_slot16(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, deq, (float)(1 << shl),
+                accum_slot16(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, deq, (float)(1 << shl), R,
                              acc + ch, d);
             }
         return;
@@ -696,8 +699,8 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                                   zv + (size_t)r * ng);
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
-        if (bits == 3 && R == 4) {
-            accum_planes_b3(codes, cb, cn, G, wp, deq, acc, d);
+        if (bits == 3 && R >= 2) {
+            accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d);
         } else if (bits == 3) {
             accum_plane(codes, cb, cn, d / 4, 2, 0, G, wp, deq, R, acc, d);
             accum_plane(codes + d / 4, cb, cn, d / 8, 1, 2, G, wp, deq, R, acc, d);
