@@ -376,17 +376,21 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
  * over the chunk's tokens and groups, and zv[g] (8 lanes, summed at the end
  * of the call) += w_t zT[g][t] - cmax/2 * deq * (w16_t - W_t * 32767 / max W)
  * where deq = max W / 32767, returned. wp's groups are gstride ints apart.
+ * smax[t] = max over groups of sT[g][t], shared by the rows: weights and
+ * scales are >= 0, so max W = max over t of w_t * smax[t] (the same float:
+ * rounding is monotonic), one product per token instead of one per group.
+ * W * 32767 / max W is formed as (w_t * 32767 / max W) * sT, the first
+ * factor once per token for all groups.
  *
  * The codes are used as they are (no centering), and the rounding error
  * sum_t e_t c_t = sum_t e_t (c_t - cmax/2) + cmax/2 sum_t e_t has its
  * second, largest part known exactly here: it is taken back in float. */
-static float prep_weights(const float *wr, const float *sT, const float *zT, int ng, int cmax, int32_t *wp,
-                          size_t gstride, __m256 *zv) {
+static float prep_weights(const float *wr, const float *sT, const float *smax, const float *zT, int ng, int cmax,
+                          int32_t *wp, size_t gstride, __m256 *zv) {
     __m256 mx = _mm256_setzero_ps();
-    for (int g = 0; g < ng; g++)
-        for (int t = 0; t < CHUNK; t += 8)
-            mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(sT + g * CHUNK + t)));
-    float m = hmax8(mx); /* weights are >= 0, scales too */
+    for (int t = 0; t < CHUNK; t += 8)
+        mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(smax + t)));
+    float m = hmax8(mx);
     float deq = m / 32767.0f;
     /* A chunk whose largest weight is below 1e-30 (a sharp softmax: its
      * tokens sit 69+ nats under the running maximum, whose own weight is
@@ -394,12 +398,14 @@ static float prep_weights(const float *wr, const float *sT, const float *zT, int
      * below 32767 / FLT_MAX ~ 1e-34 and turns zero weights into NaN
      * (0 * inf), so such a chunk gets zero int16 weights. */
     __m256 inv = _mm256_set1_ps(m > 1e-30f ? 32767.0f / m : 0.0f), corr = _mm256_set1_ps(-0.5f * (float)cmax * deq);
+    __m256 wi[CHUNK / 8];
+    for (int i = 0; i < CHUNK / 8; i++) wi[i] = _mm256_mul_ps(_mm256_loadu_ps(wr + 8 * i), inv);
     for (int g = 0; g < ng; g++) {
         __m256 err = _mm256_setzero_ps(), zw = zv[g]; /* sum_t (w16_t - W_t * inv), sum_t w_t zT */
         for (int t = 0; t < CHUNK; t += 16) {
             __m256 w0 = _mm256_loadu_ps(wr + t), w1 = _mm256_loadu_ps(wr + t + 8);
-            __m256 x0 = _mm256_mul_ps(_mm256_mul_ps(w0, _mm256_loadu_ps(sT + g * CHUNK + t)), inv);
-            __m256 x1 = _mm256_mul_ps(_mm256_mul_ps(w1, _mm256_loadu_ps(sT + g * CHUNK + t + 8)), inv);
+            __m256 x0 = _mm256_mul_ps(wi[t / 8], _mm256_loadu_ps(sT + g * CHUNK + t));
+            __m256 x1 = _mm256_mul_ps(wi[t / 8 + 1], _mm256_loadu_ps(sT + g * CHUNK + t + 8));
             __m256i i0 = _mm256_cvtps_epi32(x0), i1 = _mm256_cvtps_epi32(x1);
             err = _mm256_add_ps(err, _mm256_add_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(i0), x0),
                                                    _mm256_sub_ps(_mm256_cvtepi32_ps(i1), x1)));
@@ -657,11 +663,12 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
     /* scratch: mf [CHUNK][ng][2] the chunk's (scale, zero) floats as
      * stored, sT, zT [ng][CHUNK] the same by group, wbuf [R][CHUNK]
-     * weights (0 past the chunk's end), wp [ng][R][CHUNK/2] int32 weight
+     * weights (0 past the chunk's end), smax [CHUNK] the largest scale of
+     * each token, wp [ng][R][CHUNK/2] int32 weight
      * pairs, zv [R][ng] zero terms (8 lanes each, 32-byte aligned) */
     float *mf = scratch, *sT = mf + (size_t)ng * 2 * CHUNK, *zT = sT + (size_t)ng * CHUNK;
-    float *wbuf = zT + (size_t)ng * CHUNK;
-    int32_t *wp = (int32_t *)(wbuf + 4 * CHUNK);
+    float *wbuf = zT + (size_t)ng * CHUNK, *smax = wbuf + 4 * CHUNK;
+    int32_t *wp = (int32_t *)(smax + CHUNK);
     __m256 *zv = (__m256 *)(void *)(((uintptr_t)(wp + (size_t)ng * 4 * (CHUNK / 2)) + 31) & ~(uintptr_t)31);
     for (int i = 0; i < R * ng; i++) zv[i] = _mm256_setzero_ps();
     for (int c0 = t0; c0 < t0 + n; c0 += CHUNK) {
@@ -684,6 +691,11 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                 for (int t = cn; t < CHUNK; t++) sT[g * CHUNK + t] = zT[g * CHUNK + t] = 0.0f;
             }
         }
+        for (int t = 0; t < CHUNK; t += 8) {
+            __m256 x = _mm256_loadu_ps(sT + t);
+            for (int g = 1; g < ng; g++) x = _mm256_max_ps(x, _mm256_loadu_ps(sT + g * CHUNK + t));
+            _mm256_storeu_ps(smax + t, x);
+        }
         float deq[4];
         for (int r = 0; r < R; r++) {
             /* a whole chunk's weights are read in place; a shorter one is
@@ -695,7 +707,7 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                 memset(wc + cn, 0, sizeof(float) * (size_t)(CHUNK - cn));
                 wr = wc;
             }
-            deq[r] = prep_weights(wr, sT, zT, ng, cmax, wp + (size_t)r * (CHUNK / 2), (size_t)R * (CHUNK / 2),
+            deq[r] = prep_weights(wr, sT, smax, zT, ng, cmax, wp + (size_t)r * (CHUNK / 2), (size_t)R * (CHUNK / 2),
                                   zv + (size_t)r * ng);
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
@@ -754,7 +766,7 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
 size_t vq_kivi_scratch_avx2(const vq_mparams *p) {
     size_t d = (size_t)p->head_dim, ng = d / (size_t)p->group;
     if (!p->is_value) return 4 * d + 4; /* q' [4][d], zero terms [4] */
-    /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], wp [ng][4][CHUNK/2],
-     * zv [4][ng][8] and 8 floats to align it */
-    return 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;
+    /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], smax [CHUNK],
+     * wp [ng][4][CHUNK/2], zv [4][ng][8] and 8 floats to align it */
+    return 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;
 }
