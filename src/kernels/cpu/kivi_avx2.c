@@ -544,35 +544,45 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
     add_rows16(a, deq, bits == 8 || j == 8 / bits - 1 ? fs : fs / (float)(1 << (bits * j)), R, acc, d);
 }
 
-/* accum_slot16 for 3-bit codes: the 2-bit part from slot j of the 2-bit
- * plane bytes c2, the high bit from slot j1 of the 1-bit plane bytes c1
- * (the same 16 channels), joined into c2 + 4 c1 before the madds. Two
+/* One token's 16 bytes of 3-bit codes for accum_slot16_b3: the 2-bit part
+ * from slot j of the 2-bit plane bytes c2 and the high bit from slot
+ * j1 = 2 j + h (h 0 or 1) of the 1-bit plane bytes c1, joined in place as
+ * (c2 + 4 c1) * 2^e, e = 2 j (4 for j = 3, so the top value 7 * 2^e fits a
+ * byte). Each byte's bits are masked before they are shifted (the shifts
+ * are 16-bit), so none crosses into its neighbour. */
+static ALWAYS_INLINE __m128i join_b3(__m128i c2, __m128i c1, const int j, int h) {
+    const int e = j < 3 ? 2 * j : 4;
+    __m128i lo = _mm_and_si128(j < 3 ? c2 : _mm_srli_epi16(c2, 2), _mm_set1_epi8((char)(3 << e)));
+    __m128i hb = _mm_and_si128(c1, _mm_set1_epi8((char)(1 << (2 * j + h))));
+    /* bit 2 j + h to bit e + 2: up by 2 - h for j < 3, down by h for j = 3 */
+    hb = j < 3 ? _mm_sll_epi16(hb, _mm_cvtsi32_si128(2 - h)) : _mm_srl_epi16(hb, _mm_cvtsi32_si128(h));
+    return _mm_or_si128(lo, hb);
+}
+
+/* accum_slot16 for 3-bit codes (join_b3 has the channel's parts). Two
  * passes, one per plane set, did every madd twice: 3-bit values cost about
- * twice the 2-bit ones. */
+ * twice the 2-bit ones; joining the parts after widening them to 16 bits
+ * cost 22 instructions per pair where the bytes joined first need 14. */
 static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, size_t cb, int cn, const int32_t *wg,
-                                          const int j, const int j1, const float *deq, const int R, float *acc,
-                                          int d) {
+                                          const int j, int h, const float *deq, const int R, float *acc, int d) {
     __v8si a[8];
+    __m256i lo, hi;
     for (int i = 0; i < 8; i++) a[i] = (__v8si)_mm256_setzero_si256();
-    for (int t = 0; t < cn; t += 2, c2 += 2 * cb, c1 += 2 * cb, wg++) {
-        __m128i xa = _mm_loadu_si128((const __m128i *)c2), ya = _mm_loadu_si128((const __m128i *)c1);
-        /* an odd last token is paired with itself: its partner's weight is 0 */
-        __m128i xb = t + 1 < cn ? _mm_loadu_si128((const __m128i *)(c2 + cb)) : xa;
-        __m128i yb = t + 1 < cn ? _mm_loadu_si128((const __m128i *)(c1 + cb)) : ya;
-        __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
-        __m256i hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
-        __m256i hlo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(ya, yb));
-        __m256i hhi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(ya, yb));
-        lo = _mm256_srli_epi16(_mm256_slli_epi16(lo, 14 - 2 * j), 14);
-        hi = _mm256_srli_epi16(_mm256_slli_epi16(hi, 14 - 2 * j), 14);
-        /* bit j1 to the top of the lane, down to bit 0, then counted 4 times */
-        hlo = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_slli_epi16(hlo, 15 - j1), 15), 2);
-        hhi = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_slli_epi16(hhi, 15 - j1), 15), 2);
-        lo = _mm256_add_epi16(lo, hlo);
-        hi = _mm256_add_epi16(hi, hhi);
+    const uint8_t *end = c2 + (size_t)(cn & ~1) * cb;
+    for (; c2 != end; c2 += 2 * cb, c1 += 2 * cb, wg++) {
+        __m128i xa = join_b3(_mm_loadu_si128((const __m128i *)c2), _mm_loadu_si128((const __m128i *)c1), j, h);
+        __m128i xb = join_b3(_mm_loadu_si128((const __m128i *)(c2 + cb)), _mm_loadu_si128((const __m128i *)(c1 + cb)),
+                             j, h);
+        slot_pairs16(xa, xb, 8, 0, &lo, &hi);
         madd_rows16(lo, hi, wg, R, a);
     }
-    add_rows16(a, deq, 1.0f, R, acc, d);
+    if (cn & 1) {
+        /* paired with itself: its partner's weight is 0 */
+        __m128i x = join_b3(_mm_loadu_si128((const __m128i *)c2), _mm_loadu_si128((const __m128i *)c1), j, h);
+        slot_pairs16(x, x, 8, 0, &lo, &hi);
+        madd_rows16(lo, hi, wg, R, a);
+    }
+    add_rows16(a, deq, 1.0f / (float)(1 << (j < 3 ? 2 * j : 4)), R, acc, d);
 }
 
 /* Every channel of 3-bit codes for one chunk and R rows (4 or 2). Channel
@@ -586,8 +596,8 @@ static ALWAYS_INLINE void accum_planes_b3(const uint8_t *codes, size_t cb, int c
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             int ch = j * s2 + u, g = ch / G;
-            accum_slot16_b3(codes + u, codes + s2 + u % s1, cb, cn, wp + (size_t)g * R * (CHUNK / 2), j,
-                            2 * j + u / s1, deq, R, acc + ch, d);
+            accum_slot16_b3(codes + u, codes + s2 + u % s1, cb, cn, wp + (size_t)g * R * (CHUNK / 2), j, u / s1,
+                            deq, R, acc + ch, d);
         }
 }
 
