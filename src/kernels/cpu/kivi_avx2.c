@@ -430,45 +430,7 @@ static float prep_weights(const float *wr, const float *sT, const float *smax, c
  * is 29 (2-bit). */
 static ALWAYS_INLINE __v8si madd_acc(__v8si a, __m256i x, __m256i w) { return a + (__v8si)_mm256_madd_epi16(x, w); }
 
-/* One token pair's codes of 8 channels, interleaved as int16 pairs (c_t,
- * c_t+1) per channel and masked to one slot: the operand of madd. */
-static ALWAYS_INLINE __m256i pair_codes(const uint8_t *ca, const uint8_t *cb, __m256i mask) {
-    __m128i x = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)ca), _mm_loadl_epi64((const __m128i *)cb));
-    return _mm256_and_si256(_mm256_cvtepu8_epi16(x), mask);
-}
-
-/* acc[R rows][8 channels from ch] += deq[r] * fs * sum over the chunk's
- * token pairs of the weight pairs times one slot of 8 plane bytes (R a
- * constant; accum_plane sends 4 or 2 rows to accum_slot16, single rows
- * here).
- * The codes are taken with a mask only, c * 2^(bits j) (at most 255: fits
- * the int16 operand); fs = 2^shl / 2^(bits j) takes the power back. wg: the
- * weight pairs of the slot's group, row r at wg + r * CHUNK / 2. The float
- * factors are formed after the loop. */
-static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, __m256i mask,
-                                     const float *deq, float fs, const int R, float *acc, int d) {
-    __v8si a[4];
-    for (int r = 0; r < R; r++) a[r] = (__v8si)_mm256_setzero_si256();
-    /* whole pairs with running pointers (no per-pair index math), then an
-     * odd last token paired with itself: its partner's weight is 0 */
-    const uint8_t *ca = codes;
-    const int32_t *wt = wg;
-    int t = 0;
-    for (; t + 2 <= cn; t += 2, ca += 2 * cb, wt++) {
-        __m256i x = pair_codes(ca, ca + cb, mask);
-        for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wt[r * (CHUNK / 2)]));
-    }
-    if (t < cn) {
-        __m256i x = pair_codes(ca, ca, mask);
-        for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wt[r * (CHUNK / 2)]));
-    }
-    for (int r = 0; r < R; r++) {
-        float *o = acc + (size_t)r * d;
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[r]), _mm256_set1_ps(deq[r] * fs), _mm256_loadu_ps(o)));
-    }
-}
-
-/* The madds of one token pair for R rows (4 or 2) into the 16-channel
+/* The madds of one token pair for R rows (4, 2 or 1) into the 16-channel
  * accumulators of accum_slot16 (lo, hi: the pair's codes as 16-bit lanes;
  * wg: the rows' paired int16 weights, CHUNK / 2 apart). */
 static ALWAYS_INLINE void madd_rows16(__m256i lo, __m256i hi, const int32_t *wg, const int R, __v8si a[8]) {
@@ -490,39 +452,38 @@ static ALWAYS_INLINE void add_rows16(const __v8si a[8], const float *deq, float 
     }
 }
 
-/* One token pair's 16 bytes of plane codes (xa, xb) as two vectors of 8
- * int16 pairs (c_t, c_t+1) each, slot j taken with one instruction: the
- * top slot shifted down (c itself), a lower one masked in place
- * (c * 2^(bits j), at most 255: fits the madd operand; accum_slot16 takes
- * the power back in float). 8-bit codes need neither. */
-static ALWAYS_INLINE void slot_pairs16(__m128i xa, __m128i xb, const int bits, const int j, __m256i *lo,
-                                       __m256i *hi) {
-    __m256i l = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
-    __m256i h = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
-    if (bits == 8) {
-    } else if (j == 8 / bits - 1) {
-        l = _mm256_srli_epi16(l, bits * j);
-        h = _mm256_srli_epi16(h, bits * j);
-    } else {
-        __m256i m = _mm256_set1_epi16((short)(((1 << bits) - 1) << (bits * j)));
-        l = _mm256_and_si256(l, m);
-        h = _mm256_and_si256(h, m);
-    }
-    *lo = l;
-    *hi = h;
+/* Slot j of b-bit codes in 16-bit lanes x, taken with one instruction:
+ * the top slot shifted down (c itself), a lower one masked in place
+ * (c * 2^(bits j), at most 255: fits the madd operand; slot_scale gives
+ * the float factor that takes the power back). 8-bit codes need neither. */
+static ALWAYS_INLINE __m256i take_slot(__m256i x, const int bits, const int j) {
+    if (bits == 8) return x;
+    if (j == 8 / bits - 1) return _mm256_srli_epi16(x, bits * j);
+    return _mm256_and_si256(x, _mm256_set1_epi16((short)(((1 << bits) - 1) << (bits * j))));
 }
 
-/* accum_slot for R rows (4 or 2) and 16 channels (one group: runs of 16 start at
+static ALWAYS_INLINE float slot_scale(const int bits, const int j) {
+    return bits == 8 || j == 8 / bits - 1 ? 1.0f : 1.0f / (float)(1 << (bits * j));
+}
+
+/* One token pair's 16 bytes of plane codes (xa, xb) as two vectors of 8
+ * int16 pairs (c_t, c_t+1) each. */
+static ALWAYS_INLINE void widen_pairs16(__m128i xa, __m128i xb, __m256i *lo, __m256i *hi) {
+    *lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
+    *hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
+}
+
+/* R rows (4, 2 or 1) of one slot j of 16 channels (one group: runs of 16 start at
  * multiples of 16 and groups are at least 32 wide): one 16-byte load per
  * token serves two vectors of 8 channel pairs, and each weight broadcast
  * two madds. The loop takes whole pairs only (an odd last token comes
  * after it, not as a choice of partner in every pair), and slot j costs
- * one shift or mask instead of two shifts (see slot_pairs16): 29 to 31
+ * one shift or mask instead of two shifts (see take_slot): 29 to 31
  * instructions per pair, 8 madds and 8 adds of them. Sums of masked codes
  * may pass 2^24 and round once in the int to float conversion (2^-24
  * relative, far below the int16 weights' rounding). */
 static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, const int bits,
-                                       const int j, const float *deq, float fs, const int R, float *acc, int d) {
+                                       const int j, const float *deq, const int R, float *acc, int d) {
     __v8si a[8];
     __m256i lo, hi;
     for (int i = 0; i < 8; i++) a[i] = (__v8si)_mm256_setzero_si256();
@@ -530,18 +491,60 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
     const int32_t *wt = wg;
     const uint8_t *end = codes + (size_t)(cn & ~1) * cb;
     for (; ca != end; ca += 2 * cb, wt++) {
-        slot_pairs16(_mm_loadu_si128((const __m128i *)ca), _mm_loadu_si128((const __m128i *)(ca + cb)), bits, j,
-                     &lo, &hi);
-        madd_rows16(lo, hi, wt, R, a);
+        widen_pairs16(_mm_loadu_si128((const __m128i *)ca), _mm_loadu_si128((const __m128i *)(ca + cb)), &lo, &hi);
+        madd_rows16(take_slot(lo, bits, j), take_slot(hi, bits, j), wt, R, a);
     }
     if (cn & 1) {
         /* paired with itself: its partner's weight is 0 */
         __m128i x = _mm_loadu_si128((const __m128i *)ca);
-        slot_pairs16(x, x, bits, j, &lo, &hi);
-        madd_rows16(lo, hi, wt, R, a);
+        widen_pairs16(x, x, &lo, &hi);
+        madd_rows16(take_slot(lo, bits, j), take_slot(hi, bits, j), wt, R, a);
     }
-    /* a lower slot was masked in place: its codes counted 2^(bits j) */
-    add_rows16(a, deq, bits == 8 || j == 8 / bits - 1 ? fs : fs / (float)(1 << (bits * j)), R, acc, d);
+    add_rows16(a, deq, slot_scale(bits, j), R, acc, d);
+}
+
+/* A single row (one q head per kv head): every slot of one 16-byte run u
+ * of b-bit plane codes (channels j * stride + u .. +15, stride = cb) at once, two
+ * accumulators per slot, so each pair's bytes are widened once for all
+ * slots; with the rows of accum_slot16 a single row widened them once per
+ * slot for two madds. wp is [group][pair] (one row). */
+static ALWAYS_INLINE void accum_run16_row(const uint8_t *codes, size_t cb, int cn, int u, const int bits, int G,
+                                          const int32_t *wp, float deq, float *acc) {
+    const int stride = (int)cb;
+    const int slots = 8 / bits;
+    const int32_t *wj[4];
+    __v8si a[8];
+    __m256i lo, hi;
+    for (int j = 0; j < slots; j++) {
+        wj[j] = wp + (size_t)((j * stride + u) / G) * (CHUNK / 2);
+        a[2 * j] = a[2 * j + 1] = (__v8si)_mm256_setzero_si256();
+    }
+    const uint8_t *ca = codes + u, *end = ca + (size_t)(cn & ~1) * cb;
+    int i = 0;
+    for (; ca != end; ca += 2 * cb, i++) {
+        widen_pairs16(_mm_loadu_si128((const __m128i *)ca), _mm_loadu_si128((const __m128i *)(ca + cb)), &lo, &hi);
+        for (int j = 0; j < slots; j++) {
+            __m256i w = _mm256_set1_epi32(wj[j][i]);
+            a[2 * j] = madd_acc(a[2 * j], take_slot(lo, bits, j), w);
+            a[2 * j + 1] = madd_acc(a[2 * j + 1], take_slot(hi, bits, j), w);
+        }
+    }
+    if (cn & 1) {
+        /* paired with itself: its partner's weight is 0 */
+        __m128i x = _mm_loadu_si128((const __m128i *)ca);
+        widen_pairs16(x, x, &lo, &hi);
+        for (int j = 0; j < slots; j++) {
+            __m256i w = _mm256_set1_epi32(wj[j][i]);
+            a[2 * j] = madd_acc(a[2 * j], take_slot(lo, bits, j), w);
+            a[2 * j + 1] = madd_acc(a[2 * j + 1], take_slot(hi, bits, j), w);
+        }
+    }
+    for (int j = 0; j < slots; j++) {
+        float *o = acc + j * stride + u;
+        __m256 f = _mm256_set1_ps(deq * slot_scale(bits, j));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[2 * j]), f, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[2 * j + 1]), f, _mm256_loadu_ps(o + 8)));
+    }
 }
 
 /* One token's 16 bytes of 3-bit codes for accum_slot16_b3: the 2-bit part
@@ -573,19 +576,19 @@ static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, 
         __m128i xa = join_b3(_mm_loadu_si128((const __m128i *)c2), _mm_loadu_si128((const __m128i *)c1), j, h);
         __m128i xb = join_b3(_mm_loadu_si128((const __m128i *)(c2 + cb)), _mm_loadu_si128((const __m128i *)(c1 + cb)),
                              j, h);
-        slot_pairs16(xa, xb, 8, 0, &lo, &hi);
+        widen_pairs16(xa, xb, &lo, &hi);
         madd_rows16(lo, hi, wg, R, a);
     }
     if (cn & 1) {
         /* paired with itself: its partner's weight is 0 */
         __m128i x = join_b3(_mm_loadu_si128((const __m128i *)c2), _mm_loadu_si128((const __m128i *)c1), j, h);
-        slot_pairs16(x, x, 8, 0, &lo, &hi);
+        widen_pairs16(x, x, &lo, &hi);
         madd_rows16(lo, hi, wg, R, a);
     }
     add_rows16(a, deq, 1.0f / (float)(1 << (j < 3 ? 2 * j : 4)), R, acc, d);
 }
 
-/* Every channel of 3-bit codes for one chunk and R rows (4 or 2). Channel
+/* Every channel of 3-bit codes for one chunk and R rows (4, 2 or 1). Channel
  * ch = j s2 + u + i (s2 = d / 4, the 2-bit plane stride; u a multiple of
  * 16) has its high bit in byte (u mod s1) + i, slot 2 j + u / s1, of the
  * 1-bit planes (s1 = d / 8; s1 is a multiple of 16 here). */
@@ -601,29 +604,23 @@ static ALWAYS_INLINE void accum_planes_b3(const uint8_t *codes, size_t cb, int c
         }
 }
 
-/* All slots of one plane set for one chunk; a code of this plane set
- * counts 2^shl (the high bit of 3-bit codes: 4). wp is [group][row][pair]. */
-static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, int stride, const int bits, int shl,
-                                      int G, const int32_t *wp, const float *deq, const int R, float *acc, int d) {
-    if (R >= 2) {
-        /* the slot count outside the loop test: with UBSan's division check
-         * in the test, GCC drops the unroll pragma (and warns) */
-        const int slots = 8 / bits;
-        for (int u = 0; u < stride; u += 16)
-#pragma GCC unroll 8
-            for (int j = 0; j < slots; j++) {
-                int ch = j * stride + u, g = ch / G;
-                accum_slot16(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, deq, (float)(1 << shl), R,
-                             acc + ch, d);
-            }
+/* All slots of b-bit plane codes (2, 4 or 8 bits) for one chunk; wp is
+ * [group][row][pair]. */
+static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, const int bits, int G,
+                                      const int32_t *wp, const float *deq, const int R, float *acc, int d) {
+    const int stride = (int)cb;
+    if (R == 1) {
+        for (int u = 0; u < stride; u += 16) accum_run16_row(codes, cb, cn, u, bits, G, wp, deq[0], acc);
         return;
     }
-    for (int u = 0; u < stride; u += 8)
-        for (int j = 0; j < 8 / bits; j++) {
+    /* the slot count outside the loop test: with UBSan's division check
+     * in the test, GCC drops the unroll pragma (and warns) */
+    const int slots = 8 / bits;
+    for (int u = 0; u < stride; u += 16)
+#pragma GCC unroll 8
+        for (int j = 0; j < slots; j++) {
             int ch = j * stride + u, g = ch / G;
-            float fs = (float)(1 << shl) / (float)(1 << (bits * j));
-            __m256i mask = _mm256_set1_epi16((short)(((1 << bits) - 1) << (bits * j)));
-            accum_slot(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), mask, deq, fs, R, acc + ch, d);
+            accum_slot16(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, deq, R, acc + ch, d);
         }
 }
 
@@ -721,13 +718,10 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                                   zv + (size_t)r * ng);
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
-        if (bits == 3 && R >= 2) {
+        if (bits == 3) {
             accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d);
-        } else if (bits == 3) {
-            accum_plane(codes, cb, cn, d / 4, 2, 0, G, wp, deq, R, acc, d);
-            accum_plane(codes + d / 4, cb, cn, d / 8, 1, 2, G, wp, deq, R, acc, d);
         } else {
-            accum_plane(codes, cb, cn, (int)cb, bits, 0, G, wp, deq, R, acc, d);
+            accum_plane(codes, cb, cn, bits, G, wp, deq, R, acc, d);
         }
     }
     /* zero terms and the rounding correction, per group */
@@ -765,7 +759,12 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
             }
             r0 += 2;
         } else {
-            accum_rows(wr, ld, 1, d, G, p->bits, blk, block_tokens, t0, n, ar, scratch);
+            switch (p->bits) {
+            case 2: accum_rows(wr, ld, 1, d, G, 2, blk, block_tokens, t0, n, ar, scratch); break;
+            case 3: accum_rows(wr, ld, 1, d, G, 3, blk, block_tokens, t0, n, ar, scratch); break;
+            case 4: accum_rows(wr, ld, 1, d, G, 4, blk, block_tokens, t0, n, ar, scratch); break;
+            default: accum_rows(wr, ld, 1, d, G, 8, blk, block_tokens, t0, n, ar, scratch); break;
+            }
             r0 += 1;
         }
     }
