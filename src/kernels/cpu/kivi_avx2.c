@@ -275,17 +275,22 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
         const uint16_t *sc = meta + (size_t)g * 2 * d;
         prep_keys(q, R, d, ps, sc, sc + d, qs, qz);
         __m128 vz = _mm_loadu_ps(qz);
-        /* 4 or 2 rows: 8 tokens' per-lane partials are kept and summed by
-         * one transposing hadd tree per row, 8 logits per store (instead of
-         * a tree, an extract and four scalar stores per token: about 1 ns
-         * per token and kv head less in cache) */
-        for (; R >= 2 && t + 8 <= end; t += 8) {
+        /* 8 tokens' per-lane partials are kept and summed by one
+         * transposing hadd tree per row, 8 logits per store (instead of a
+         * tree, an extract and four scalar stores per token: about 1 ns
+         * per token and kv head less in cache; a single row saves its
+         * per-token horizontal sum) */
+        for (; t + 8 <= end; t += 8) {
             __m256 part[4][8]; /* [row][token] */
-            for (int k = 0; R == 2 && k < 8; k++) {
+            for (int k = 0; R <= 2 && k < 8; k++) {
                 __m256 v[4];
                 dot_token(qs, blk + (size_t)(t + k) * cb, d, bits, R, v);
-                part[0][k] = v[0];
-                part[1][k] = v[1];
+                if (R == 1) {
+                    part[0][k] = _mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3]));
+                } else {
+                    part[0][k] = v[0];
+                    part[1][k] = v[1];
+                }
             }
             for (int k = 0; R == 4 && k < 8; k += 2) {
                 __m256 acc[2][4];
