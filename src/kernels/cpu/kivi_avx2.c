@@ -31,11 +31,11 @@
  * same slot of 8/b channels, stride bytes apart, so a shift and a mask of a
  * run of bytes gives a run of consecutive channels. 3-bit codes are a 2-bit
  * plane set plus a 1-bit plane set counting 4 times; the kernels join a
- * run's two parts into c2 + 4 c1 before converting or multiplying (single
- * value rows, rare, take the two sets one after the other: the sums are
- * linear in the codes).
+ * run's two parts into c2 + 4 c1 before converting or multiplying.
  * Rows go 4 at a time (the q heads of a GQA group share every code load),
- * leftover rows one at a time (MHA models: one row per kv head).
+ * then 2, then 1 (MHA models: one row per kv head). A single value row
+ * takes every slot of a 16-byte run at once (accum_run16_row); 2 and 4
+ * rows take one slot of 16 channels for all rows (accum_slot16).
  */
 #include "vq_internal.h"
 
