@@ -31,11 +31,11 @@
  * same slot of 8/b channels, stride bytes apart, so a shift and a mask of a
  * run of bytes gives a run of consecutive channels. 3-bit codes are a 2-bit
  * plane set plus a 1-bit plane set counting 4 times; the kernels join a
- * run's two parts into c2 + 4 c1 before converting or multiplying (single
- * value rows, rare, take the two sets one after the other: the sums are
- * linear in the codes).
+ * run's two parts into c2 + 4 c1 before converting or multiplying.
  * Rows go 4 at a time (the q heads of a GQA group share every code load),
- * leftover rows one at a time (MHA models: one row per kv head).
+ * then 2, then 1 (MHA models: one row per kv head). A single value row
+ * takes every slot of a 16-byte run at once (accum_run16_row); 2 and 4
+ * rows take one slot of 16 channels for all rows (accum_slot16).
  */
 #include "vq_internal.h"
 
@@ -275,17 +275,22 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
         const uint16_t *sc = meta + (size_t)g * 2 * d;
         prep_keys(q, R, d, ps, sc, sc + d, qs, qz);
         __m128 vz = _mm_loadu_ps(qz);
-        /* 4 or 2 rows: 8 tokens' per-lane partials are kept and summed by
-         * one transposing hadd tree per row, 8 logits per store (instead of
-         * a tree, an extract and four scalar stores per token: about 1 ns
-         * per token and kv head less in cache) */
-        for (; R >= 2 && t + 8 <= end; t += 8) {
+        /* 8 tokens' per-lane partials are kept and summed by one
+         * transposing hadd tree per row, 8 logits per store (instead of a
+         * tree, an extract and four scalar stores per token: about 1 ns
+         * per token and kv head less in cache; a single row saves its
+         * per-token horizontal sum) */
+        for (; t + 8 <= end; t += 8) {
             __m256 part[4][8]; /* [row][token] */
-            for (int k = 0; R == 2 && k < 8; k++) {
+            for (int k = 0; R <= 2 && k < 8; k++) {
                 __m256 v[4];
                 dot_token(qs, blk + (size_t)(t + k) * cb, d, bits, R, v);
-                part[0][k] = v[0];
-                part[1][k] = v[1];
+                if (R == 1) {
+                    part[0][k] = _mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3]));
+                } else {
+                    part[0][k] = v[0];
+                    part[1][k] = v[1];
+                }
             }
             for (int k = 0; R == 4 && k < 8; k += 2) {
                 __m256 acc[2][4];
@@ -376,17 +381,21 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
  * over the chunk's tokens and groups, and zv[g] (8 lanes, summed at the end
  * of the call) += w_t zT[g][t] - cmax/2 * deq * (w16_t - W_t * 32767 / max W)
  * where deq = max W / 32767, returned. wp's groups are gstride ints apart.
+ * smax[t] = max over groups of sT[g][t], shared by the rows: weights and
+ * scales are >= 0, so max W = max over t of w_t * smax[t] (the same float:
+ * rounding is monotonic), one product per token instead of one per group.
+ * W * 32767 / max W is formed as (w_t * 32767 / max W) * sT, the first
+ * factor once per token for all groups.
  *
  * The codes are used as they are (no centering), and the rounding error
  * sum_t e_t c_t = sum_t e_t (c_t - cmax/2) + cmax/2 sum_t e_t has its
  * second, largest part known exactly here: it is taken back in float. */
-static float prep_weights(const float *wr, const float *sT, const float *zT, int ng, int cmax, int32_t *wp,
-                          size_t gstride, __m256 *zv) {
+static float prep_weights(const float *wr, const float *sT, const float *smax, const float *zT, int ng, int cmax,
+                          int32_t *wp, size_t gstride, __m256 *zv) {
     __m256 mx = _mm256_setzero_ps();
-    for (int g = 0; g < ng; g++)
-        for (int t = 0; t < CHUNK; t += 8)
-            mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(sT + g * CHUNK + t)));
-    float m = hmax8(mx); /* weights are >= 0, scales too */
+    for (int t = 0; t < CHUNK; t += 8)
+        mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(smax + t)));
+    float m = hmax8(mx);
     float deq = m / 32767.0f;
     /* A chunk whose largest weight is below 1e-30 (a sharp softmax: its
      * tokens sit 69+ nats under the running maximum, whose own weight is
@@ -394,12 +403,14 @@ static float prep_weights(const float *wr, const float *sT, const float *zT, int
      * below 32767 / FLT_MAX ~ 1e-34 and turns zero weights into NaN
      * (0 * inf), so such a chunk gets zero int16 weights. */
     __m256 inv = _mm256_set1_ps(m > 1e-30f ? 32767.0f / m : 0.0f), corr = _mm256_set1_ps(-0.5f * (float)cmax * deq);
+    __m256 wi[CHUNK / 8];
+    for (int i = 0; i < CHUNK / 8; i++) wi[i] = _mm256_mul_ps(_mm256_loadu_ps(wr + 8 * i), inv);
     for (int g = 0; g < ng; g++) {
         __m256 err = _mm256_setzero_ps(), zw = zv[g]; /* sum_t (w16_t - W_t * inv), sum_t w_t zT */
         for (int t = 0; t < CHUNK; t += 16) {
             __m256 w0 = _mm256_loadu_ps(wr + t), w1 = _mm256_loadu_ps(wr + t + 8);
-            __m256 x0 = _mm256_mul_ps(_mm256_mul_ps(w0, _mm256_loadu_ps(sT + g * CHUNK + t)), inv);
-            __m256 x1 = _mm256_mul_ps(_mm256_mul_ps(w1, _mm256_loadu_ps(sT + g * CHUNK + t + 8)), inv);
+            __m256 x0 = _mm256_mul_ps(wi[t / 8], _mm256_loadu_ps(sT + g * CHUNK + t));
+            __m256 x1 = _mm256_mul_ps(wi[t / 8 + 1], _mm256_loadu_ps(sT + g * CHUNK + t + 8));
             __m256i i0 = _mm256_cvtps_epi32(x0), i1 = _mm256_cvtps_epi32(x1);
             err = _mm256_add_ps(err, _mm256_add_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(i0), x0),
                                                    _mm256_sub_ps(_mm256_cvtepi32_ps(i1), x1)));
@@ -414,161 +425,207 @@ static float prep_weights(const float *wr, const float *sT, const float *zT, int
     return deq;
 }
 
-/* One token pair's codes of 8 channels, interleaved as int16 pairs (c_t,
- * c_t+1) per channel and masked to one slot: the operand of madd. */
-static ALWAYS_INLINE __m256i pair_codes(const uint8_t *ca, const uint8_t *cb, __m256i mask) {
-    __m128i x = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)ca), _mm_loadl_epi64((const __m128i *)cb));
-    return _mm256_and_si256(_mm256_cvtepu8_epi16(x), mask);
-}
+/* a + the madd of x and w, in int32 lanes. The value kernels' int32
+ * accumulators are __v8si (GCC's and clang's vector type of the AVX
+ * headers), not __m256i: _mm256_add_epi32 adds in __v8si and returns
+ * __m256i, whose lanes are 64-bit to GCC, and GCC 12 did not keep a
+ * loop-carried __m256i in one register across that change of type. Each
+ * accumulator then cost a register move every pair and one lived on the
+ * stack: 46 instructions per token pair of the 4-row step where the work
+ * is 29 (2-bit). */
+static ALWAYS_INLINE __v8si madd_acc(__v8si a, __m256i x, __m256i w) { return a + (__v8si)_mm256_madd_epi16(x, w); }
 
-/* acc[R rows][8 channels from ch] += deq[r] * fs * sum over the chunk's
- * token pairs of the weight pairs times one slot of 8 plane bytes (R a
- * constant; accum_plane sends 4 rows to accum_slot16, 2 or 1 rows here).
- * The codes are taken with a mask only, c * 2^(bits j) (at most 255: fits
- * the int16 operand); fs = 2^shl / 2^(bits j) takes the power back. wg: the
- * weight pairs of the slot's group, row r at wg + r * CHUNK / 2. The float
- * factors are formed after the loop. */
-static ALWAYS_INLINE void accum_slot(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, __m256i mask,
-                                     const float *deq, float fs, const int R, float *acc, int d) {
-    __m256i a[4];
-    for (int r = 0; r < R; r++) a[r] = _mm256_setzero_si256();
-    /* whole pairs with running pointers (no per-pair index math), then an
-     * odd last token paired with itself: its partner's weight is 0 */
-    const uint8_t *ca = codes;
-    const int32_t *wt = wg;
-    int t = 0;
-    for (; t + 2 <= cn; t += 2, ca += 2 * cb, wt++) {
-        __m256i x = pair_codes(ca, ca + cb, mask);
-        for (int r = 0; r < R; r++) a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(x, _mm256_set1_epi32(wt[r * (CHUNK / 2)])));
-    }
-    if (t < cn) {
-        __m256i x = pair_codes(ca, ca, mask);
-        for (int r = 0; r < R; r++) a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(x, _mm256_set1_epi32(wt[r * (CHUNK / 2)])));
-    }
+/* The madds of one token pair for R rows (4, 2 or 1) into the 16-channel
+ * accumulators of accum_slot16 (lo, hi: the pair's codes as 16-bit lanes;
+ * wg: the rows' paired int16 weights, CHUNK / 2 apart). */
+static ALWAYS_INLINE void madd_rows16(__m256i lo, __m256i hi, const int32_t *wg, const int R, __v8si a[8]) {
     for (int r = 0; r < R; r++) {
-        float *o = acc + (size_t)r * d;
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r]), _mm256_set1_ps(deq[r] * fs), _mm256_loadu_ps(o)));
-    }
-}
-
-/* The madds of one token pair for 4 rows into the 16-channel accumulators
- * of accum_slot16 (lo, hi: the pair's codes as 16-bit lanes; wg: the rows'
- * paired int16 weights, CHUNK / 2 apart). */
-static ALWAYS_INLINE void madd_rows16(__m256i lo, __m256i hi, const int32_t *wg, __m256i a[8]) {
-    for (int r = 0; r < 4; r++) {
         __m256i w = _mm256_set1_epi32(wg[r * (CHUNK / 2)]);
-        a[2 * r] = _mm256_add_epi32(a[2 * r], _mm256_madd_epi16(lo, w));
-        a[2 * r + 1] = _mm256_add_epi32(a[2 * r + 1], _mm256_madd_epi16(hi, w));
+        a[2 * r] = madd_acc(a[2 * r], lo, w);
+        a[2 * r + 1] = madd_acc(a[2 * r + 1], hi, w);
     }
 }
 
 /* acc rows (d apart) += the 16-channel int sums a times deq[r] * fs. */
-static ALWAYS_INLINE void add_rows16(const __m256i a[8], const float *deq, float fs, float *acc, int d) {
-    for (int r = 0; r < 4; r++) {
+static ALWAYS_INLINE void add_rows16(const __v8si a[8], const float *deq, float fs, const int R, float *acc,
+                                      int d) {
+    for (int r = 0; r < R; r++) {
         float *o = acc + (size_t)r * d;
         __m256 f = _mm256_set1_ps(deq[r] * fs);
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r]), f, _mm256_loadu_ps(o)));
-        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2 * r + 1]), f, _mm256_loadu_ps(o + 8)));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[2 * r]), f, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[2 * r + 1]), f, _mm256_loadu_ps(o + 8)));
     }
 }
 
-/* accum_slot for 4 rows and 16 channels (one group: runs of 16 start at
+/* Slot j of b-bit codes in 16-bit lanes x, taken with one instruction:
+ * the top slot shifted down (c itself), a lower one masked in place
+ * (c * 2^(bits j), at most 255: fits the madd operand; slot_scale gives
+ * the float factor that takes the power back). 8-bit codes need neither. */
+static ALWAYS_INLINE __m256i take_slot(__m256i x, const int bits, const int j) {
+    if (bits == 8) return x;
+    if (j == 8 / bits - 1) return _mm256_srli_epi16(x, bits * j);
+    return _mm256_and_si256(x, _mm256_set1_epi16((short)(((1 << bits) - 1) << (bits * j))));
+}
+
+static ALWAYS_INLINE float slot_scale(const int bits, const int j) {
+    return bits == 8 || j == 8 / bits - 1 ? 1.0f : 1.0f / (float)(1 << (bits * j));
+}
+
+/* One token pair's 16 bytes of plane codes (xa, xb) as two vectors of 8
+ * int16 pairs (c_t, c_t+1) each. */
+static ALWAYS_INLINE void widen_pairs16(__m128i xa, __m128i xb, __m256i *lo, __m256i *hi) {
+    *lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
+    *hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
+}
+
+/* R rows (4, 2 or 1) of one slot j of 16 channels (one group: runs of 16 start at
  * multiples of 16 and groups are at least 32 wide): one 16-byte load per
  * token serves two vectors of 8 channel pairs, and each weight broadcast
- * two madds. Slot j of b-bit codes is taken with two immediate shifts (up
- * to the top of the 16-bit lane, down to the bottom), so it counts as c
- * itself and no mask register is needed: 8 accumulators, the two code
- * vectors and the weights then fit in the 16 registers (with a mask GCC
- * kept one accumulator on the stack, and the loop ran at the latency of
- * its store and reload). */
+ * two madds. The loop takes whole pairs only (an odd last token comes
+ * after it, not as a choice of partner in every pair), and slot j costs
+ * one shift or mask instead of two shifts (see take_slot): 29 to 31
+ * instructions per pair, 8 madds and 8 adds of them. Sums of masked codes
+ * may pass 2^24 and round once in the int to float conversion (2^-24
+ * relative, far below the int16 weights' rounding). */
 static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, const int bits,
-                                       const int j, const float *deq, float fs, float *acc, int d) {
-    __m256i a[8];
-    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
+                                       const int j, const float *deq, const int R, float *acc, int d) {
+    __v8si a[8];
+    __m256i lo, hi;
+    for (int i = 0; i < 8; i++) a[i] = (__v8si)_mm256_setzero_si256();
     const uint8_t *ca = codes;
     const int32_t *wt = wg;
-    for (int t = 0; t < cn; t += 2, ca += 2 * cb, wt++) {
-        __m128i xa = _mm_loadu_si128((const __m128i *)ca);
-        /* an odd last token is paired with itself: its partner's weight is 0 */
-        __m128i xb = t + 1 < cn ? _mm_loadu_si128((const __m128i *)(ca + cb)) : xa;
-        __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
-        __m256i hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
-        lo = _mm256_srli_epi16(_mm256_slli_epi16(lo, 16 - bits * (j + 1)), 16 - bits);
-        hi = _mm256_srli_epi16(_mm256_slli_epi16(hi, 16 - bits * (j + 1)), 16 - bits);
-        madd_rows16(lo, hi, wt, a);
+    const uint8_t *end = codes + (size_t)(cn & ~1) * cb;
+    for (; ca != end; ca += 2 * cb, wt++) {
+        widen_pairs16(_mm_loadu_si128((const __m128i *)ca), _mm_loadu_si128((const __m128i *)(ca + cb)), &lo, &hi);
+        madd_rows16(take_slot(lo, bits, j), take_slot(hi, bits, j), wt, R, a);
     }
-    add_rows16(a, deq, fs, acc, d);
+    if (cn & 1) {
+        /* paired with itself: its partner's weight is 0 */
+        __m128i x = _mm_loadu_si128((const __m128i *)ca);
+        widen_pairs16(x, x, &lo, &hi);
+        madd_rows16(take_slot(lo, bits, j), take_slot(hi, bits, j), wt, R, a);
+    }
+    add_rows16(a, deq, slot_scale(bits, j), R, acc, d);
 }
 
-/* accum_slot16 for 3-bit codes: the 2-bit part from slot j of the 2-bit
- * plane bytes c2, the high bit from slot j1 of the 1-bit plane bytes c1
- * (the same 16 channels), joined into c2 + 4 c1 before the madds. Two
+/* A single row (one q head per kv head): every slot of one 16-byte run u
+ * of b-bit plane codes (channels j * stride + u .. +15, stride = cb) at once, two
+ * accumulators per slot, so each pair's bytes are widened once for all
+ * slots; with the rows of accum_slot16 a single row widened them once per
+ * slot for two madds. wp is [group][pair] (one row). */
+static ALWAYS_INLINE void accum_run16_row(const uint8_t *codes, size_t cb, int cn, int u, const int bits, int G,
+                                          const int32_t *wp, float deq, float *acc) {
+    const int stride = (int)cb;
+    const int slots = 8 / bits;
+    const int32_t *wj[4];
+    __v8si a[8];
+    __m256i lo, hi;
+    for (int j = 0; j < slots; j++) {
+        wj[j] = wp + (size_t)((j * stride + u) / G) * (CHUNK / 2);
+        a[2 * j] = a[2 * j + 1] = (__v8si)_mm256_setzero_si256();
+    }
+    const uint8_t *ca = codes + u, *end = ca + (size_t)(cn & ~1) * cb;
+    int i = 0;
+    for (; ca != end; ca += 2 * cb, i++) {
+        widen_pairs16(_mm_loadu_si128((const __m128i *)ca), _mm_loadu_si128((const __m128i *)(ca + cb)), &lo, &hi);
+        for (int j = 0; j < slots; j++) {
+            __m256i w = _mm256_set1_epi32(wj[j][i]);
+            a[2 * j] = madd_acc(a[2 * j], take_slot(lo, bits, j), w);
+            a[2 * j + 1] = madd_acc(a[2 * j + 1], take_slot(hi, bits, j), w);
+        }
+    }
+    if (cn & 1) {
+        /* paired with itself: its partner's weight is 0 */
+        __m128i x = _mm_loadu_si128((const __m128i *)ca);
+        widen_pairs16(x, x, &lo, &hi);
+        for (int j = 0; j < slots; j++) {
+            __m256i w = _mm256_set1_epi32(wj[j][i]);
+            a[2 * j] = madd_acc(a[2 * j], take_slot(lo, bits, j), w);
+            a[2 * j + 1] = madd_acc(a[2 * j + 1], take_slot(hi, bits, j), w);
+        }
+    }
+    for (int j = 0; j < slots; j++) {
+        float *o = acc + j * stride + u;
+        __m256 f = _mm256_set1_ps(deq * slot_scale(bits, j));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[2 * j]), f, _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[2 * j + 1]), f, _mm256_loadu_ps(o + 8)));
+    }
+}
+
+/* One token's 16 bytes of 3-bit codes for accum_slot16_b3: the 2-bit part
+ * from slot j of the 2-bit plane bytes c2 and the high bit from slot
+ * j1 = 2 j + h (h 0 or 1) of the 1-bit plane bytes c1, joined in place as
+ * (c2 + 4 c1) * 2^e, e = 2 j (4 for j = 3, so the top value 7 * 2^e fits a
+ * byte). Each byte's bits are masked before they are shifted (the shifts
+ * are 16-bit), so none crosses into its neighbour. */
+static ALWAYS_INLINE __m128i join_b3(__m128i c2, __m128i c1, const int j, int h) {
+    const int e = j < 3 ? 2 * j : 4;
+    __m128i lo = _mm_and_si128(j < 3 ? c2 : _mm_srli_epi16(c2, 2), _mm_set1_epi8((char)(3 << e)));
+    __m128i hb = _mm_and_si128(c1, _mm_set1_epi8((char)(1 << (2 * j + h))));
+    /* bit 2 j + h to bit e + 2: up by 2 - h for j < 3, down by h for j = 3 */
+    hb = j < 3 ? _mm_sll_epi16(hb, _mm_cvtsi32_si128(2 - h)) : _mm_srl_epi16(hb, _mm_cvtsi32_si128(h));
+    return _mm_or_si128(lo, hb);
+}
+
+/* accum_slot16 for 3-bit codes (join_b3 has the channel's parts). Two
  * passes, one per plane set, did every madd twice: 3-bit values cost about
- * twice the 2-bit ones. */
+ * twice the 2-bit ones; joining the parts after widening them to 16 bits
+ * cost 22 instructions per pair where the bytes joined first need 14. */
 static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, size_t cb, int cn, const int32_t *wg,
-                                          const int j, const int j1, const float *deq, float *acc, int d) {
-    __m256i a[8];
-    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
-    for (int t = 0; t < cn; t += 2, c2 += 2 * cb, c1 += 2 * cb, wg++) {
-        __m128i xa = _mm_loadu_si128((const __m128i *)c2), ya = _mm_loadu_si128((const __m128i *)c1);
-        /* an odd last token is paired with itself: its partner's weight is 0 */
-        __m128i xb = t + 1 < cn ? _mm_loadu_si128((const __m128i *)(c2 + cb)) : xa;
-        __m128i yb = t + 1 < cn ? _mm_loadu_si128((const __m128i *)(c1 + cb)) : ya;
-        __m256i lo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
-        __m256i hi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(xa, xb));
-        __m256i hlo = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(ya, yb));
-        __m256i hhi = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(ya, yb));
-        lo = _mm256_srli_epi16(_mm256_slli_epi16(lo, 14 - 2 * j), 14);
-        hi = _mm256_srli_epi16(_mm256_slli_epi16(hi, 14 - 2 * j), 14);
-        /* bit j1 to the top of the lane, down to bit 0, then counted 4 times */
-        hlo = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_slli_epi16(hlo, 15 - j1), 15), 2);
-        hhi = _mm256_slli_epi16(_mm256_srli_epi16(_mm256_slli_epi16(hhi, 15 - j1), 15), 2);
-        lo = _mm256_add_epi16(lo, hlo);
-        hi = _mm256_add_epi16(hi, hhi);
-        madd_rows16(lo, hi, wg, a);
+                                          const int j, int h, const float *deq, const int R, float *acc, int d) {
+    __v8si a[8];
+    __m256i lo, hi;
+    for (int i = 0; i < 8; i++) a[i] = (__v8si)_mm256_setzero_si256();
+    const uint8_t *end = c2 + (size_t)(cn & ~1) * cb;
+    for (; c2 != end; c2 += 2 * cb, c1 += 2 * cb, wg++) {
+        __m128i xa = join_b3(_mm_loadu_si128((const __m128i *)c2), _mm_loadu_si128((const __m128i *)c1), j, h);
+        __m128i xb = join_b3(_mm_loadu_si128((const __m128i *)(c2 + cb)), _mm_loadu_si128((const __m128i *)(c1 + cb)),
+                             j, h);
+        widen_pairs16(xa, xb, &lo, &hi);
+        madd_rows16(lo, hi, wg, R, a);
     }
-    add_rows16(a, deq, 1.0f, acc, d);
+    if (cn & 1) {
+        /* paired with itself: its partner's weight is 0 */
+        __m128i x = join_b3(_mm_loadu_si128((const __m128i *)c2), _mm_loadu_si128((const __m128i *)c1), j, h);
+        widen_pairs16(x, x, &lo, &hi);
+        madd_rows16(lo, hi, wg, R, a);
+    }
+    add_rows16(a, deq, 1.0f / (float)(1 << (j < 3 ? 2 * j : 4)), R, acc, d);
 }
 
-/* Every channel of 3-bit codes for one chunk and 4 rows. Channel
+/* Every channel of 3-bit codes for one chunk and R rows (4, 2 or 1). Channel
  * ch = j s2 + u + i (s2 = d / 4, the 2-bit plane stride; u a multiple of
  * 16) has its high bit in byte (u mod s1) + i, slot 2 j + u / s1, of the
  * 1-bit planes (s1 = d / 8; s1 is a multiple of 16 here). */
-static void accum_planes_b3(const uint8_t *codes, size_t cb, int cn, int G, const int32_t *wp, const float *deq,
-                            float *acc, int d) {
+static ALWAYS_INLINE void accum_planes_b3(const uint8_t *codes, size_t cb, int cn, int G, const int32_t *wp,
+                                          const float *deq, const int R, float *acc, int d) {
     const int s2 = d / 4, s1 = d / 8;
     for (int u = 0; u < s2; u += 16)
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             int ch = j * s2 + u, g = ch / G;
-            accum_slot16_b3(codes + u, codes + s2 + u % s1, cb, cn, wp + (size_t)g * 4 * (CHUNK / 2), j,
-                            2 * j + u / s1, deq, acc + ch, d);
+            accum_slot16_b3(codes + u, codes + s2 + u % s1, cb, cn, wp + (size_t)g * R * (CHUNK / 2), j, u / s1,
+                            deq, R, acc + ch, d);
         }
 }
 
-/* All slots of one plane set for one chunk; a code of this plane set
- * counts 2^shl (the high bit of 3-bit codes: 4). wp is [group][row][pair]. */
-static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, int stride, const int bits, int shl,
-                                      int G, const int32_t *wp, const float *deq, const int R, float *acc, int d) {
-    if (R == 4) {
-        /* the slot count outside the loop test: with UBSan's division check
-         * in the test, GCC drops the unroll pragma (and warns) */
-        const int slots = 8 / bits;
-        for (int u = 0; u < stride; u += 16)
-#pragma GCC unroll 8
-            for (int j = 0; j < slots; j++) {
-                int ch = j * stride + u, g = ch / G;
-                accum_slot16(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, deq, (float)(1 << shl),
-                             acc + ch, d);
-            }
+/* All slots of b-bit plane codes (2, 4 or 8 bits) for one chunk; wp is
+ * [group][row][pair]. */
+static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, const int bits, int G,
+                                      const int32_t *wp, const float *deq, const int R, float *acc, int d) {
+    const int stride = (int)cb;
+    if (R == 1) {
+        for (int u = 0; u < stride; u += 16) accum_run16_row(codes, cb, cn, u, bits, G, wp, deq[0], acc);
         return;
     }
-    for (int u = 0; u < stride; u += 8)
-        for (int j = 0; j < 8 / bits; j++) {
+    /* the slot count outside the loop test: with UBSan's division check
+     * in the test, GCC drops the unroll pragma (and warns) */
+    const int slots = 8 / bits;
+    for (int u = 0; u < stride; u += 16)
+#pragma GCC unroll 8
+        for (int j = 0; j < slots; j++) {
             int ch = j * stride + u, g = ch / G;
-            float fs = (float)(1 << shl) / (float)(1 << (bits * j));
-            __m256i mask = _mm256_set1_epi16((short)(((1 << bits) - 1) << (bits * j)));
-            accum_slot(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), mask, deq, fs, R, acc + ch, d);
+            accum_slot16(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, deq, R, acc + ch, d);
         }
 }
 
@@ -618,11 +675,12 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
     /* scratch: mf [CHUNK][ng][2] the chunk's (scale, zero) floats as
      * stored, sT, zT [ng][CHUNK] the same by group, wbuf [R][CHUNK]
-     * weights (0 past the chunk's end), wp [ng][R][CHUNK/2] int32 weight
+     * weights (0 past the chunk's end), smax [CHUNK] the largest scale of
+     * each token, wp [ng][R][CHUNK/2] int32 weight
      * pairs, zv [R][ng] zero terms (8 lanes each, 32-byte aligned) */
     float *mf = scratch, *sT = mf + (size_t)ng * 2 * CHUNK, *zT = sT + (size_t)ng * CHUNK;
-    float *wbuf = zT + (size_t)ng * CHUNK;
-    int32_t *wp = (int32_t *)(wbuf + 4 * CHUNK);
+    float *wbuf = zT + (size_t)ng * CHUNK, *smax = wbuf + 4 * CHUNK;
+    int32_t *wp = (int32_t *)(smax + CHUNK);
     __m256 *zv = (__m256 *)(void *)(((uintptr_t)(wp + (size_t)ng * 4 * (CHUNK / 2)) + 31) & ~(uintptr_t)31);
     for (int i = 0; i < R * ng; i++) zv[i] = _mm256_setzero_ps();
     for (int c0 = t0; c0 < t0 + n; c0 += CHUNK) {
@@ -645,6 +703,11 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                 for (int t = cn; t < CHUNK; t++) sT[g * CHUNK + t] = zT[g * CHUNK + t] = 0.0f;
             }
         }
+        for (int t = 0; t < CHUNK; t += 8) {
+            __m256 x = _mm256_loadu_ps(sT + t);
+            for (int g = 1; g < ng; g++) x = _mm256_max_ps(x, _mm256_loadu_ps(sT + g * CHUNK + t));
+            _mm256_storeu_ps(smax + t, x);
+        }
         float deq[4];
         for (int r = 0; r < R; r++) {
             /* a whole chunk's weights are read in place; a shorter one is
@@ -656,17 +719,14 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                 memset(wc + cn, 0, sizeof(float) * (size_t)(CHUNK - cn));
                 wr = wc;
             }
-            deq[r] = prep_weights(wr, sT, zT, ng, cmax, wp + (size_t)r * (CHUNK / 2), (size_t)R * (CHUNK / 2),
+            deq[r] = prep_weights(wr, sT, smax, zT, ng, cmax, wp + (size_t)r * (CHUNK / 2), (size_t)R * (CHUNK / 2),
                                   zv + (size_t)r * ng);
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
-        if (bits == 3 && R == 4) {
-            accum_planes_b3(codes, cb, cn, G, wp, deq, acc, d);
-        } else if (bits == 3) {
-            accum_plane(codes, cb, cn, d / 4, 2, 0, G, wp, deq, R, acc, d);
-            accum_plane(codes + d / 4, cb, cn, d / 8, 1, 2, G, wp, deq, R, acc, d);
+        if (bits == 3) {
+            accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d);
         } else {
-            accum_plane(codes, cb, cn, (int)cb, bits, 0, G, wp, deq, R, acc, d);
+            accum_plane(codes, cb, cn, bits, G, wp, deq, R, acc, d);
         }
     }
     /* zero terms and the rounding correction, per group */
@@ -704,7 +764,12 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
             }
             r0 += 2;
         } else {
-            accum_rows(wr, ld, 1, d, G, p->bits, blk, block_tokens, t0, n, ar, scratch);
+            switch (p->bits) {
+            case 2: accum_rows(wr, ld, 1, d, G, 2, blk, block_tokens, t0, n, ar, scratch); break;
+            case 3: accum_rows(wr, ld, 1, d, G, 3, blk, block_tokens, t0, n, ar, scratch); break;
+            case 4: accum_rows(wr, ld, 1, d, G, 4, blk, block_tokens, t0, n, ar, scratch); break;
+            default: accum_rows(wr, ld, 1, d, G, 8, blk, block_tokens, t0, n, ar, scratch); break;
+            }
             r0 += 1;
         }
     }
@@ -715,7 +780,7 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
 size_t vq_kivi_scratch_avx2(const vq_mparams *p) {
     size_t d = (size_t)p->head_dim, ng = d / (size_t)p->group;
     if (!p->is_value) return 4 * d + 4; /* q' [4][d], zero terms [4] */
-    /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], wp [ng][4][CHUNK/2],
-     * zv [4][ng][8] and 8 floats to align it */
-    return 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;
+    /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], smax [CHUNK],
+     * wp [ng][4][CHUNK/2], zv [4][ng][8] and 8 floats to align it */
+    return 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;
 }
