@@ -335,9 +335,21 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
     }
 }
 
+/* score_rows with the bits a constant in each instance (immediate shifts
+ * and masks); R is a constant at every call site. */
+static ALWAYS_INLINE void score_rows_bits(const float *q, const int R, int d, int G, int bits, const uint8_t *blk,
+                                          int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
+    switch (bits) {
+    case 2: score_rows(q, R, d, G, 2, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    case 3: score_rows(q, R, d, G, 3, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    case 4: score_rows(q, R, d, G, 4, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    default: score_rows(q, R, d, G, 8, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    }
+}
+
 bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
-    int d = p->head_dim, bits = p->bits;
+    int d = p->head_dim, bits = p->bits, G = p->group;
     if (!planes_ok(bits, d, 8)) return false;
     /* 4 rows at a time, then 2, then 1: the rows of one call share every
      * code load and conversion */
@@ -345,29 +357,9 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
         int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
         const float *qr = q + (size_t)r0 * d;
         float *lr = logits + (size_t)r0 * ld;
-        int G = p->group;
-        if (R == 4) {
-            switch (bits) {
-            case 2: score_rows(qr, 4, d, G, 2, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            case 3: score_rows(qr, 4, d, G, 3, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            case 4: score_rows(qr, 4, d, G, 4, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            default: score_rows(qr, 4, d, G, 8, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            }
-        } else if (R == 2) {
-            switch (bits) {
-            case 2: score_rows(qr, 2, d, G, 2, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            case 3: score_rows(qr, 2, d, G, 3, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            case 4: score_rows(qr, 2, d, G, 4, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            default: score_rows(qr, 2, d, G, 8, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            }
-        } else {
-            switch (bits) {
-            case 2: score_rows(qr, 1, d, G, 2, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            case 3: score_rows(qr, 1, d, G, 3, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            case 4: score_rows(qr, 1, d, G, 4, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            default: score_rows(qr, 1, d, G, 8, blk, block_tokens, t0, n, lr, ld, scratch); break;
-            }
-        }
+        if (R == 4) score_rows_bits(qr, 4, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
+        else if (R == 2) score_rows_bits(qr, 2, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
+        else score_rows_bits(qr, 1, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
         r0 += R;
     }
     return true;
@@ -738,40 +730,32 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
         }
 }
 
+/* accum_rows with the bits a constant in each instance (immediate shifts in
+ * accum_slot16); R is a constant at every call site. */
+static ALWAYS_INLINE void accum_rows_bits(const float *w, int ld, const int R, int d, int G, int bits,
+                                          const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
+                                          float *scratch) {
+    switch (bits) {
+    case 2: accum_rows(w, ld, R, d, G, 2, blk, block_tokens, t0, n, acc, scratch); break;
+    case 3: accum_rows(w, ld, R, d, G, 3, blk, block_tokens, t0, n, acc, scratch); break;
+    case 4: accum_rows(w, ld, R, d, G, 4, blk, block_tokens, t0, n, acc, scratch); break;
+    default: accum_rows(w, ld, R, d, G, 8, blk, block_tokens, t0, n, acc, scratch); break;
+    }
+}
+
 bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *acc, float *scratch) {
-    int d = p->head_dim, G = p->group, ng = d / G;
-    if (!planes_ok(p->bits, d, 16) || d % G != 0 || ng > 16) return false;
+    int d = p->head_dim, G = p->group, ng = d / G, bits = p->bits;
+    if (!planes_ok(bits, d, 16) || d % G != 0 || ng > 16) return false;
     /* 4 rows at a time, then 2, then 1 */
     for (int r0 = 0; r0 < rows;) {
+        int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
         const float *wr = w + (size_t)r0 * ld;
         float *ar = acc + (size_t)r0 * d;
-        if (rows - r0 >= 4) {
-            /* bits a constant in each call: immediate shifts in accum_slot16 */
-            switch (p->bits) {
-            case 2: accum_rows(wr, ld, 4, d, G, 2, blk, block_tokens, t0, n, ar, scratch); break;
-            case 3: accum_rows(wr, ld, 4, d, G, 3, blk, block_tokens, t0, n, ar, scratch); break;
-            case 4: accum_rows(wr, ld, 4, d, G, 4, blk, block_tokens, t0, n, ar, scratch); break;
-            default: accum_rows(wr, ld, 4, d, G, 8, blk, block_tokens, t0, n, ar, scratch); break;
-            }
-            r0 += 4;
-        } else if (rows - r0 >= 2) {
-            switch (p->bits) {
-            case 2: accum_rows(wr, ld, 2, d, G, 2, blk, block_tokens, t0, n, ar, scratch); break;
-            case 3: accum_rows(wr, ld, 2, d, G, 3, blk, block_tokens, t0, n, ar, scratch); break;
-            case 4: accum_rows(wr, ld, 2, d, G, 4, blk, block_tokens, t0, n, ar, scratch); break;
-            default: accum_rows(wr, ld, 2, d, G, 8, blk, block_tokens, t0, n, ar, scratch); break;
-            }
-            r0 += 2;
-        } else {
-            switch (p->bits) {
-            case 2: accum_rows(wr, ld, 1, d, G, 2, blk, block_tokens, t0, n, ar, scratch); break;
-            case 3: accum_rows(wr, ld, 1, d, G, 3, blk, block_tokens, t0, n, ar, scratch); break;
-            case 4: accum_rows(wr, ld, 1, d, G, 4, blk, block_tokens, t0, n, ar, scratch); break;
-            default: accum_rows(wr, ld, 1, d, G, 8, blk, block_tokens, t0, n, ar, scratch); break;
-            }
-            r0 += 1;
-        }
+        if (R == 4) accum_rows_bits(wr, ld, 4, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
+        else if (R == 2) accum_rows_bits(wr, ld, 2, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
+        else accum_rows_bits(wr, ld, 1, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
+        r0 += R;
     }
     return true;
 }
