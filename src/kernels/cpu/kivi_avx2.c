@@ -500,6 +500,17 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
     add_rows16(a, deq, slot_scale(bits, j), R, acc, d);
 }
 
+/* The madds of one token pair (codes lo, hi; pair i of each slot's
+ * weights wj[j]) into two accumulators per slot, for accum_run16_row. */
+static ALWAYS_INLINE void madd_slots(__m256i lo, __m256i hi, const int32_t *wj[4], int i, const int bits,
+                                     __v8si a[8]) {
+    for (int j = 0; j < 8 / bits; j++) {
+        __m256i w = _mm256_set1_epi32(wj[j][i]);
+        a[2 * j] = madd_acc(a[2 * j], take_slot(lo, bits, j), w);
+        a[2 * j + 1] = madd_acc(a[2 * j + 1], take_slot(hi, bits, j), w);
+    }
+}
+
 /* A single row (one q head per kv head): every slot of one 16-byte run u
  * of b-bit plane codes (channels j * stride + u .. +15, stride = cb) at once, two
  * accumulators per slot, so each pair's bytes are widened once for all
@@ -520,21 +531,13 @@ static ALWAYS_INLINE void accum_run16_row(const uint8_t *codes, size_t cb, int c
     int i = 0;
     for (; ca != end; ca += 2 * cb, i++) {
         widen_pairs16(_mm_loadu_si128((const __m128i *)ca), _mm_loadu_si128((const __m128i *)(ca + cb)), &lo, &hi);
-        for (int j = 0; j < slots; j++) {
-            __m256i w = _mm256_set1_epi32(wj[j][i]);
-            a[2 * j] = madd_acc(a[2 * j], take_slot(lo, bits, j), w);
-            a[2 * j + 1] = madd_acc(a[2 * j + 1], take_slot(hi, bits, j), w);
-        }
+        madd_slots(lo, hi, wj, i, bits, a);
     }
     if (cn & 1) {
         /* paired with itself: its partner's weight is 0 */
         __m128i x = _mm_loadu_si128((const __m128i *)ca);
         widen_pairs16(x, x, &lo, &hi);
-        for (int j = 0; j < slots; j++) {
-            __m256i w = _mm256_set1_epi32(wj[j][i]);
-            a[2 * j] = madd_acc(a[2 * j], take_slot(lo, bits, j), w);
-            a[2 * j + 1] = madd_acc(a[2 * j + 1], take_slot(hi, bits, j), w);
-        }
+        madd_slots(lo, hi, wj, i, bits, a);
     }
     for (int j = 0; j < slots; j++) {
         float *o = acc + j * stride + u;
