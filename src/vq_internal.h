@@ -296,6 +296,7 @@ bool vq_cpu_has_avx2(void);
 bool vq_cpu_has_avx512(void);
 /* True when the level in use is VQ_CPU_AVX512 and the CPU has AVX512_BF16. */
 bool vq_cpu_has_avx512_bf16(void);
+bool vq_cpu_has_avx512_vnni(void);
 
 /* fp32 helpers with scalar and AVX2 bodies, picked at run time. */
 float vq_dot_f32(const float *a, const float *b, int n);

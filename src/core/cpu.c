@@ -66,3 +66,14 @@ bool vq_cpu_has_avx512_bf16(void) {
     return false;
 #endif
 }
+
+/* AVX512_VNNI likewise (the KIVI value kernel's vpdpwssd). */
+bool vq_cpu_has_avx512_vnni(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (vq_cpu_level_in_use() != VQ_CPU_AVX512) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}

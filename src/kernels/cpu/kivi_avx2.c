@@ -33,7 +33,10 @@
  * plane set plus a 1-bit plane set counting 4 times; the kernels join a
  * run's two parts into c2 + 4 c1 before converting or multiplying.
  * Rows go 4 at a time (the q heads of a GQA group share every code load),
- * then 2, then 1 (MHA models: one row per kv head). A single value row
+ * then 2, then 1 (MHA models: one row per kv head). At CPU level avx512
+ * the 4-row groups of 2-, 4- and 8-bit codes run kivi_avx512.c's bodies
+ * instead (keys; values with AVX512_VNNI, which also builds every chunk's
+ * int16 weights), called from the drivers here. A single value row
  * takes every slot of a 16-byte run at once (accum_run16_row); 2 and 4
  * rows take one slot of 16 channels for all rows (accum_slot16).
  */
@@ -46,6 +49,15 @@
  * and a smaller chunk's maximum is closer to its other weights (32 tokens:
  * 4.8e-5 error on the test, 64: 6.4e-5). */
 #define CHUNK 32
+
+/* The AVX-512 bodies of the 4-row groups (kivi_avx512.c), run at CPU level
+ * avx512 (values: with AVX512_VNNI); false when the shape is not theirs. */
+bool vq_kivi_score4_avx512(const float *q, int d, int G, int bits, const uint8_t *blk, int block_tokens, int t0,
+                           int n, float *logits, int ld, float *scratch);
+bool vq_kivi_accum4_avx512(const uint8_t *codes, size_t cb, int cn, int bits, int G, const int32_t *wp,
+                           const float *deq, float *acc, int d);
+float vq_kivi_prep_weights_avx512(const float *wr, const float *sT, const float *smax, const float *zT, int ng,
+                                  int cmax, int32_t *wp, size_t gstride, __m256 *zv);
 
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
@@ -351,15 +363,21 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
                         int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
     int d = p->head_dim, bits = p->bits, G = p->group;
     if (!planes_ok(bits, d, 8)) return false;
+    const bool wide = vq_cpu_has_avx512(); /* 4-row groups by kivi_avx512.c */
     /* 4 rows at a time, then 2, then 1: the rows of one call share every
      * code load and conversion */
     for (int r0 = 0; r0 < rows;) {
         int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
         const float *qr = q + (size_t)r0 * d;
         float *lr = logits + (size_t)r0 * ld;
-        if (R == 4) score_rows_bits(qr, 4, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
-        else if (R == 2) score_rows_bits(qr, 2, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
-        else score_rows_bits(qr, 1, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
+        if (R == 4) {
+            if (!(wide && vq_kivi_score4_avx512(qr, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch)))
+                score_rows_bits(qr, 4, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
+        } else if (R == 2) {
+            score_rows_bits(qr, 2, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
+        } else {
+            score_rows_bits(qr, 1, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
+        }
         r0 += R;
     }
     return true;
@@ -664,7 +682,7 @@ static void regroup_meta4(const uint16_t *m, int ng, float *sT, float *zT) {
 /* Accumulates tokens [t0, t0 + n) into R rows (4, 2 or 1). */
 static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d, int G, const int bits,
                                      const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
-                                     float *scratch) {
+                                     float *scratch, bool wide) {
     int ng = d / G, cmax = bits == 3 ? 7 : (1 << bits) - 1;
     size_t cb = code_bytes(bits, d);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
@@ -714,13 +732,17 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                 memset(wc + cn, 0, sizeof(float) * (size_t)(CHUNK - cn));
                 wr = wc;
             }
-            deq[r] = prep_weights(wr, sT, smax, zT, ng, cmax, wp + (size_t)r * (CHUNK / 2), (size_t)R * (CHUNK / 2),
-                                  zv + (size_t)r * ng);
+            int32_t *wr16 = wp + (size_t)r * (CHUNK / 2);
+            if (wide)
+                deq[r] = vq_kivi_prep_weights_avx512(wr, sT, smax, zT, ng, cmax, wr16, (size_t)R * (CHUNK / 2),
+                                                     zv + (size_t)r * ng);
+            else
+                deq[r] = prep_weights(wr, sT, smax, zT, ng, cmax, wr16, (size_t)R * (CHUNK / 2), zv + (size_t)r * ng);
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
         if (bits == 3) {
             accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d);
-        } else {
+        } else if (!(R == 4 && wide && vq_kivi_accum4_avx512(codes, cb, cn, bits, G, wp, deq, acc, d))) {
             accum_plane(codes, cb, cn, bits, G, wp, deq, R, acc, d);
         }
     }
@@ -737,12 +759,12 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
  * accum_slot16); R is a constant at every call site. */
 static ALWAYS_INLINE void accum_rows_bits(const float *w, int ld, const int R, int d, int G, int bits,
                                           const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
-                                          float *scratch) {
+                                          float *scratch, bool wide) {
     switch (bits) {
-    case 2: accum_rows(w, ld, R, d, G, 2, blk, block_tokens, t0, n, acc, scratch); break;
-    case 3: accum_rows(w, ld, R, d, G, 3, blk, block_tokens, t0, n, acc, scratch); break;
-    case 4: accum_rows(w, ld, R, d, G, 4, blk, block_tokens, t0, n, acc, scratch); break;
-    default: accum_rows(w, ld, R, d, G, 8, blk, block_tokens, t0, n, acc, scratch); break;
+    case 2: accum_rows(w, ld, R, d, G, 2, blk, block_tokens, t0, n, acc, scratch, wide); break;
+    case 3: accum_rows(w, ld, R, d, G, 3, blk, block_tokens, t0, n, acc, scratch, wide); break;
+    case 4: accum_rows(w, ld, R, d, G, 4, blk, block_tokens, t0, n, acc, scratch, wide); break;
+    default: accum_rows(w, ld, R, d, G, 8, blk, block_tokens, t0, n, acc, scratch, wide); break;
     }
 }
 
@@ -750,14 +772,15 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
                         int block_tokens, int t0, int n, float *acc, float *scratch) {
     int d = p->head_dim, G = p->group, ng = d / G, bits = p->bits;
     if (!planes_ok(bits, d, 16) || d % G != 0 || ng > 16) return false;
+    const bool wide = vq_cpu_has_avx512_vnni(); /* weights and 4-row chunks by kivi_avx512.c */
     /* 4 rows at a time, then 2, then 1 */
     for (int r0 = 0; r0 < rows;) {
         int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
         const float *wr = w + (size_t)r0 * ld;
         float *ar = acc + (size_t)r0 * d;
-        if (R == 4) accum_rows_bits(wr, ld, 4, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
-        else if (R == 2) accum_rows_bits(wr, ld, 2, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
-        else accum_rows_bits(wr, ld, 1, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
+        if (R == 4) accum_rows_bits(wr, ld, 4, d, G, bits, blk, block_tokens, t0, n, ar, scratch, wide);
+        else if (R == 2) accum_rows_bits(wr, ld, 2, d, G, bits, blk, block_tokens, t0, n, ar, scratch, wide);
+        else accum_rows_bits(wr, ld, 1, d, G, bits, blk, block_tokens, t0, n, ar, scratch, wide);
         r0 += R;
     }
     return true;

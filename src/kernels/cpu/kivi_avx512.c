@@ -1,0 +1,290 @@
+/* AVX-512 kernels for KIVI at CPU level avx512: the key scores of 4 rows
+ * (one GQA group of 4 q heads) 16 channels per instruction, and the inner
+ * loop of the value accumulation for 4 rows with VNNI (vpdpwssd adds the
+ * madd of a token pair into the int32 sums in one instruction, where AVX2
+ * needs a madd and an add). Both follow the AVX2 kernels' math exactly
+ * (kivi_avx2.c's header has the why): q' = q * scale with the slot's power
+ * of two, masked codes in place, FMAs into float partial sums for keys;
+ * int16 weight pairs times codes summed in int32 for values. The drivers in
+ * kivi_avx2.c call these for their 4-row groups when the level and the
+ * shape allow, so the tables (the value weights, their rounding
+ * correction) are built once, by the same code, for both widths.
+ *
+ * Built with the AVX-512 flags of the other *_avx512.c files; the VNNI
+ * function also carries its own target attribute, so no other code in
+ * these files can be compiled into VNNI instructions (Skylake-X has
+ * AVX-512 without VNNI). */
+#include "vq_internal.h"
+
+#include <immintrin.h>
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+/* Tokens per value chunk: kivi_avx2.c's CHUNK, the pair stride of its
+ * weight table. */
+#define CHUNK 32
+
+/* 2^e for a small e, as 16 floats. */
+static inline __m512 pow2(int e) { return _mm512_castsi512_ps(_mm512_set1_epi32((127 + e) << 23)); }
+
+/* 16 lanes -> 8 by adding the two halves (the hadd tree then finishes). */
+static inline __m256 fold(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+/* ------------------------------------------------------------------ keys */
+
+/* q' for 4 rows and one key group (fp16 scale sc, zero zr), in the order
+ * dot_pair reads it: 16 floats per (16-byte step u, slot j, row r), channel
+ * j * stride + u + lane, times 2^-(b j) except in the top slot, which is
+ * shifted down instead of masked (see kivi_avx2.c's prep_keys); qz[r] =
+ * sum_c q_r,c zero_c. */
+static ALWAYS_INLINE void prep_keys(const float *q, int d, const int b, int stride, const uint16_t *sc,
+                                    const uint16_t *zr, float *qs, float *qz) {
+    __m512 z[4];
+    for (int r = 0; r < 4; r++) z[r] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += 16) {
+        __m512 zf = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(zr + c)));
+        for (int r = 0; r < 4; r++) z[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)r * d + c), zf, z[r]);
+    }
+    const int slots = 8 / b;
+    float *o = qs;
+    for (int u = 0; u < stride; u += 16)
+        for (int j = 0; j < slots; j++) {
+            int c = j * stride + u;
+            __m512 f = pow2(j == slots - 1 ? 0 : -b * j);
+            __m512 sf = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + c))), f);
+            for (int r = 0; r < 4; r++, o += 16)
+                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(q + (size_t)r * d + c), sf));
+        }
+    for (int r = 0; r < 4; r++) qz[r] = _mm512_reduce_add_ps(z[r]);
+}
+
+/* Slot j of b-bit plane codes in 32-bit lanes x (zero-extended bytes):
+ * c * 2^(b j) by a mask, the top slot c by a shift. */
+static ALWAYS_INLINE __m512 slot_f(__m512i x, const int b, const int j) {
+    if (b * (j + 1) < 8) return _mm512_cvtepi32_ps(_mm512_and_si512(x, _mm512_set1_epi32(((1 << b) - 1) << (b * j))));
+    return _mm512_cvtepi32_ps(_mm512_srli_epi32(x, 8 - b));
+}
+
+/* The partial dot products of tokens c (k = 0) and c + cb (k = 1) with 4
+ * rows, one accumulator per (token, row) as in kivi_avx2.c's dot_pair (each
+ * q' load feeds two FMAs; 8 chains). K = 1: one token (tails). */
+static ALWAYS_INLINE void dot_tokens(const float *qs, const uint8_t *c, size_t cb, int stride, const int b, const int K,
+                                     __m512 acc[4][4]) {
+    const float *qp = qs;
+    for (int k = 0; k < K; k++)
+        for (int r = 0; r < 4; r++) acc[k][r] = _mm512_setzero_ps();
+    for (int u = 0; u < stride; u += 16) {
+        __m512i x[4];
+        for (int k = 0; k < K; k++) x[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + k * cb + u)));
+        for (int j = 0; j < 8 / b; j++, qp += 64)
+            for (int k = 0; k < K; k++) {
+                __m512 f = slot_f(x[k], b, j);
+                for (int r = 0; r < 4; r++) acc[k][r] = _mm512_fmadd_ps(_mm512_loadu_ps(qp + 16 * r), f, acc[k][r]);
+            }
+    }
+}
+
+/* Tokens per step of the key loop: 4 tokens x 4 rows = 16 FMA chains; 2
+ * tokens (8 chains, the AVX2 kernel's choice) left the FMA units waiting on
+ * their latency: 18.7 ns per (token, kv head) in cache against 15.8 (2-bit,
+ * heads 8/2, Zen 5). */
+#define KT 4
+/* Scores of tokens [t0, t0 + n) for 4 rows (bits 2, 4 or 8, a constant
+ * per instance). */
+static ALWAYS_INLINE void score4(const float *q, int d, int G, const int b, const uint8_t *blk, int block_tokens,
+                                 int t0, int n, float *logits, int ld, float *scratch) {
+    const int stride = d * b / 8;
+    const size_t cb = (size_t)stride;
+    const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
+    float *qs = scratch, *qz = scratch + 4 * (size_t)d;
+    for (int t = t0; t < t0 + n;) {
+        int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
+        const uint16_t *sc = meta + (size_t)g * 2 * d;
+        prep_keys(q, d, b, stride, sc, sc + d, qs, qz);
+        /* 8 tokens' partials per row summed by one transposing tree, 8
+         * logits per store (as the AVX2 kernel) */
+        for (; t + 8 <= end; t += 8) {
+            __m256 part[4][8]; /* [row][token] */
+            for (int k = 0; k < 8; k += KT) {
+                __m512 acc[4][4];
+                dot_tokens(qs, blk + (size_t)(t + k) * cb, cb, stride, b, KT, acc);
+                for (int r = 0; r < 4; r++)
+                    for (int e = 0; e < KT; e++) part[r][k + e] = fold(acc[e][r]);
+            }
+            for (int r = 0; r < 4; r++) {
+                __m256 *p = part[r];
+                __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
+                __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
+                __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+                _mm256_storeu_ps(logits + (size_t)r * ld + (t - t0), _mm256_add_ps(sum, _mm256_set1_ps(qz[r])));
+            }
+        }
+        for (; t < end; t++) {
+            __m512 acc[4][4];
+            dot_tokens(qs, blk + (size_t)t * cb, cb, stride, b, 1, acc);
+            for (int r = 0; r < 4; r++) logits[(size_t)r * ld + (t - t0)] = _mm512_reduce_add_ps(acc[0][r]) + qz[r];
+        }
+    }
+}
+
+bool vq_kivi_score4_avx512(const float *q, int d, int G, int bits, const uint8_t *blk, int block_tokens, int t0,
+                           int n, float *logits, int ld, float *scratch) {
+    if ((bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 16 != 0) return false;
+    switch (bits) {
+    case 2: score4(q, d, G, 2, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    case 4: score4(q, d, G, 4, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    default: score4(q, d, G, 8, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------- values */
+
+/* kivi_avx2.c's prep_weights (its comment has the contract) for the 32
+ * tokens of a chunk as two 16-lane vectors: the int16 weight pairs wp, the
+ * zero terms and the rounding correction added into zv (8 lanes a group,
+ * summed at the end of the call), the returned deq. The same operations
+ * per token; only the order of the float sums in zv differs. */
+float vq_kivi_prep_weights_avx512(const float *wr, const float *sT, const float *smax, const float *zT, int ng,
+                                  int cmax, int32_t *wp, size_t gstride, __m256 *zv) {
+    const __m512 w0 = _mm512_loadu_ps(wr), w1 = _mm512_loadu_ps(wr + 16);
+    __m512 mx = _mm512_max_ps(_mm512_mul_ps(w0, _mm512_loadu_ps(smax)), _mm512_mul_ps(w1, _mm512_loadu_ps(smax + 16)));
+    float m = _mm512_reduce_max_ps(_mm512_max_ps(mx, _mm512_setzero_ps()));
+    float deq = m / 32767.0f;
+    /* a chunk whose largest weight is below 1e-30 gets zero int16 weights
+     * (see prep_weights) */
+    const __m512 inv = _mm512_set1_ps(m > 1e-30f ? 32767.0f / m : 0.0f);
+    const __m256 corr = _mm256_set1_ps(-0.5f * (float)cmax * deq);
+    const __m512 wi0 = _mm512_mul_ps(w0, inv), wi1 = _mm512_mul_ps(w1, inv);
+    for (int g = 0; g < ng; g++) {
+        const float *sg = sT + g * CHUNK, *zg = zT + g * CHUNK;
+        __m512 x0 = _mm512_mul_ps(wi0, _mm512_loadu_ps(sg)), x1 = _mm512_mul_ps(wi1, _mm512_loadu_ps(sg + 16));
+        __m512i i0 = _mm512_cvtps_epi32(x0), i1 = _mm512_cvtps_epi32(x1);
+        __m512 err = _mm512_add_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(i0), x0), _mm512_sub_ps(_mm512_cvtepi32_ps(i1), x1));
+        __m512 zw = _mm512_fmadd_ps(w1, _mm512_loadu_ps(zg + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(zg)));
+        /* 0 <= x <= 32767 after rounding: the truncating narrow keeps it */
+        _mm256_storeu_si256((__m256i *)(wp + g * gstride), _mm512_cvtepi32_epi16(i0));
+        _mm256_storeu_si256((__m256i *)(wp + g * gstride + 8), _mm512_cvtepi32_epi16(i1));
+        zv[g] = _mm256_fmadd_ps(fold(err), corr, _mm256_add_ps(zv[g], fold(zw)));
+    }
+    return deq;
+}
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* Slot j of b-bit codes in 16-bit lanes x: the top slot shifted down (c),
+ * a lower one masked in place (c * 2^(b j); add_rows takes the power back). */
+static ALWAYS_INLINE __m512i take_slot(__m512i x, const int b, const int j) {
+    if (b == 8) return x;
+    if (j == 8 / b - 1) return _mm512_srli_epi16(x, b * j);
+    return _mm512_and_si512(x, _mm512_set1_epi16((short)(((1 << b) - 1) << (b * j))));
+}
+
+/* One token pair's 32 bytes of plane codes each (ya, yb) as int16 pairs
+ * (c_t, c_t+1): lo holds channels 0-7 and 16-23 of the run, hi 8-15 and
+ * 24-31 (the in-lane byte interleave; add_rows puts them back in order). */
+static ALWAYS_INLINE void widen_pairs32(__m256i ya, __m256i yb, __m512i *lo, __m512i *hi) {
+    *lo = _mm512_cvtepu8_epi16(_mm256_unpacklo_epi8(ya, yb));
+    *hi = _mm512_cvtepu8_epi16(_mm256_unpackhi_epi8(ya, yb));
+}
+
+/* acc[r][0..31] (rows d apart) += the int sums a[r][0..1] (lane order of
+ * widen_pairs32) times deq[r] * fs. */
+static ALWAYS_INLINE void add_rows(const __m512i a[4][2], const float *deq, float fs, float *acc, int d) {
+    for (int r = 0; r < 4; r++) {
+        float *o = acc + (size_t)r * d;
+        __m512 f = _mm512_set1_ps(deq[r] * fs);
+        /* 128-bit pieces: lo = {0-3, 4-7, 16-19, 20-23}, hi = {8-11, 12-15, 24-27, 28-31} */
+        __m512i c0 = _mm512_shuffle_i64x2(a[r][0], a[r][1], 0x44); /* lo.0, lo.1, hi.0, hi.1: channels 0-15 */
+        __m512i c1 = _mm512_shuffle_i64x2(a[r][0], a[r][1], 0xEE); /* lo.2, lo.3, hi.2, hi.3: channels 16-31 */
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), f, _mm512_loadu_ps(o)));
+        _mm512_storeu_ps(o + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), f, _mm512_loadu_ps(o + 16)));
+    }
+}
+
+/* Slots j0 .. j0 + NJ - 1 of one 32-byte run of plane codes (channels
+ * j stride + u .. +31, each slot inside one value group g_j) for 4 rows
+ * over a chunk of cn tokens: each pair's bytes are widened once for the
+ * NJ slots, and each weight broadcast feeds two vpdpwssd. wj[j]: the rows'
+ * weight pairs of slot j's group ([row][pair], CHUNK / 2 pairs a row). */
+static ALWAYS_INLINE VNNI void madd_slots(__m512i lo, __m512i hi, const int32_t *const *wj, int i, const int b,
+                                          const int j0, const int NJ, __m512i a[2][4][2]) {
+    for (int s = 0; s < NJ; s++) {
+        __m512i xl = take_slot(lo, b, j0 + s), xh = take_slot(hi, b, j0 + s);
+        for (int r = 0; r < 4; r++) {
+            __m512i w = _mm512_set1_epi32(wj[s][r * (CHUNK / 2) + i]);
+            a[s][r][0] = _mm512_dpwssd_epi32(a[s][r][0], xl, w);
+            a[s][r][1] = _mm512_dpwssd_epi32(a[s][r][1], xh, w);
+        }
+    }
+}
+
+/* Slots j0 .. j0 + NJ - 1 of one 32-byte run of plane codes (channels
+ * j stride + u .. +31, each slot inside one value group) for 4 rows over a
+ * chunk of cn tokens: each pair's bytes are widened once for the NJ slots,
+ * and each weight broadcast feeds two vpdpwssd. wj[s]: the rows' weight
+ * pairs of slot j0 + s's group ([row][pair], CHUNK / 2 pairs a row). */
+static ALWAYS_INLINE VNNI void accum_run(const uint8_t *codes, size_t cb, int cn, const int32_t *const *wj,
+                                         const int b, const int j0, const int NJ, const float *deq, float *const *accj,
+                                         int d) {
+    __m512i a[2][4][2]; /* [slot][row][half] */
+    for (int s = 0; s < NJ; s++)
+        for (int r = 0; r < 4; r++) a[s][r][0] = a[s][r][1] = _mm512_setzero_si512();
+    __m512i lo, hi;
+    const uint8_t *ca = codes, *end = codes + (size_t)(cn & ~1) * cb;
+    int i = 0;
+    for (; ca != end; ca += 2 * cb, i++) {
+        widen_pairs32(_mm256_loadu_si256((const __m256i *)ca), _mm256_loadu_si256((const __m256i *)(ca + cb)), &lo,
+                      &hi);
+        madd_slots(lo, hi, wj, i, b, j0, NJ, a);
+    }
+    if (cn & 1) { /* the odd last token, paired with itself: its partner's weight is 0 */
+        __m256i y = _mm256_loadu_si256((const __m256i *)ca);
+        widen_pairs32(y, y, &lo, &hi);
+        madd_slots(lo, hi, wj, i, b, j0, NJ, a);
+    }
+    for (int s = 0; s < NJ; s++) {
+        const int j = j0 + s;
+        add_rows(a[s], deq, b == 8 || j == 8 / b - 1 ? 1.0f : 1.0f / (float)(1 << (b * j)), accj[s], d);
+    }
+}
+
+/* All slots of b-bit plane codes for one chunk (cn tokens) and 4 rows: runs
+ * of 32 bytes, two slots at a time (16 int32 accumulators; all four 2-bit
+ * slots at once would take all 32 registers). wp is [group][row][pair]. */
+static ALWAYS_INLINE VNNI void accum_plane4(const uint8_t *codes, size_t cb, int cn, const int b, int G,
+                                            const int32_t *wp, const float *deq, float *acc, int d) {
+    const int stride = (int)cb, slots = 8 / b;
+    for (int u = 0; u < stride; u += 32)
+        for (int j = 0; j < slots; j += 2) {
+            const int NJ = slots - j >= 2 ? 2 : 1;
+            const int32_t *wj[2];
+            float *accj[2];
+            for (int s = 0; s < NJ; s++) {
+                int ch = (j + s) * stride + u;
+                wj[s] = wp + (size_t)(ch / G) * 4 * (CHUNK / 2);
+                accj[s] = acc + ch;
+            }
+            if (NJ == 2)
+                accum_run(codes + u, cb, cn, wj, b, j, 2, deq, accj, d);
+            else
+                accum_run(codes + u, cb, cn, wj, b, j, 1, deq, accj, d);
+        }
+}
+
+VNNI bool vq_kivi_accum4_avx512(const uint8_t *codes, size_t cb, int cn, int bits, int G, const int32_t *wp,
+                           const float *deq, float *acc, int d) {
+    if ((bits != 2 && bits != 4 && bits != 8) || cb % 32 != 0 || G % 32 != 0) return false;
+    switch (bits) {
+    case 2: accum_plane4(codes, cb, cn, 2, G, wp, deq, acc, d); break;
+    case 4: accum_plane4(codes, cb, cn, 4, G, wp, deq, acc, d); break;
+    default: accum_plane4(codes, cb, cn, 8, G, wp, deq, acc, d); break;
+    }
+    return true;
+}
