@@ -107,19 +107,37 @@ typedef struct {
 
 /* Asks for [p, p + bytes) to be brought in ahead of use. Blocks are
  * separate allocations and the hardware prefetcher stops at their page
- * edges, so without this the start of every block is a run of demand misses.
- * Keys and values are asked for one block ahead of the pass that reads them
- * (run_blocks): two smaller bursts measured faster than the whole next block
- * at once before each block (KIVI-2, 32768 tokens, 2 threads: 2-7 % less
- * median time; its block is 12.5 KB).
- * Spreading the requests between 32-token calls instead was a little faster
- * again for KIVI but slower for methods with a per-call setup (polar: 13 %).
- * Blocks larger than L1 (fp16: 66 KB for 128 tokens at d = 128) are left to
- * the hardware, which follows their long runs; prefetching them measured
- * slower. */
-#define PREFETCH_MAX_BYTES 32768
+ * edges, so without this the start of every block is a run of demand
+ * misses. A span reads its blocks' key parts, then their value parts, then
+ * goes on to the next span's first keys part (`after`); while it works on
+ * part i it asks for parts i + 1 .. i + PREFETCH_AHEAD of that order
+ * (prefetch_part), so each part is asked for twice, two parts ahead and
+ * again one part ahead.
+ *
+ * Measured on a Zen 5 host, 32768 tokens, 32/8 heads, d = 128, one thread,
+ * interleaved: one part ahead (the order before): KIVI-2 5.8-6.1 ms, fp16
+ * (then left to the hardware prefetcher) 13.1-14.4 ms; two parts ahead
+ * asked once: KIVI-2 5.5-6.1 ms, no gain; asked twice (this): KIVI-2
+ * 4.9-5.1 ms, fp16 8.3-9.4 ms; three or four parts ahead: no better. Why
+ * the repeat matters was not established (a guess: a prefetch that misses
+ * the TLB may start the page walk and be dropped). On a Zen 3 host one
+ * part ahead in two bursts had beaten the whole next block at once (KIVI-2,
+ * 2 threads: 2-7 % less median time) and prefetching fp16 blocks had
+ * measured slower, without kept figures. */
+#define PREFETCH_AHEAD 2
+#define SPAN_BIG_BYTES 32768
 
-static void prefetch_range(const uint8_t *p, size_t bytes) {
+/* prefetch_range and prefetch_part are inlined into run_blocks on purpose:
+ * GCC takes a function whose only effect is __builtin_prefetch for one
+ * without side effects and drops the calls to it (this file's prefetches
+ * once vanished that way from an -O2 build). */
+#if defined(__GNUC__)
+#define PREFETCH_INLINE inline __attribute__((always_inline))
+#else
+#define PREFETCH_INLINE inline
+#endif
+
+static PREFETCH_INLINE void prefetch_range(const uint8_t *p, size_t bytes) {
 #if defined(__GNUC__)
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 #else
@@ -128,20 +146,30 @@ static void prefetch_range(const uint8_t *p, size_t bytes) {
 #endif
 }
 
-/* The payload of the block after the current one: its keys part (read while
- * the current block is scored) and the rest (while it is accumulated). */
+/* The payload of a block: its keys part and the rest (values, positions). */
 typedef struct {
     const uint8_t *k, *v;
     size_t k_bytes, v_bytes;
 } next_block;
 
-/* Block b of stream s as a prefetch target; false for blocks left to the
- * hardware prefetcher. */
-static bool block_target(const vq_cache *c, const vq_stream *s, int b, next_block *nx) {
+static next_block block_parts(const vq_cache *c, const vq_stream *s, int b) {
     const vq_block_class *k = &c->cls[s->blk_class[b]];
-    if (k->bytes > PREFETCH_MAX_BYTES) return false;
-    *nx = (next_block){s->blocks[b], s->blocks[b] + k->k_bytes, k->k_bytes, k->bytes - k->k_bytes};
-    return true;
+    return (next_block){s->blocks[b], s->blocks[b] + k->k_bytes, k->k_bytes, k->bytes - k->k_bytes};
+}
+
+/* Part j of span [b0, b1)'s reading order: keys of b0 + j for j < n, values
+ * of b0 + j - n for j < 2 n, then after's keys. */
+static PREFETCH_INLINE void prefetch_part(const vq_cache *c, const vq_stream *s, int b0, int b1, const next_block *after, int j) {
+    int n = b1 - b0;
+    if (j < n) {
+        next_block p = block_parts(c, s, b0 + j);
+        prefetch_range(p.k, p.k_bytes);
+    } else if (j < 2 * n) {
+        next_block p = block_parts(c, s, b0 + j - n);
+        prefetch_range(p.v, p.v_bytes);
+    } else if (j == 2 * n && after) {
+        prefetch_range(after->k, after->k_bytes);
+    }
 }
 
 /* The online-softmax step for n new logits per row (already masked): each
@@ -194,15 +222,15 @@ static void mask_future(const job *jb, int nr, const int32_t *qpos, const int32_
 /* Blocks [b0, b1) of stream s as one softmax span: every block's keys are
  * scored into its columns of the logits rows, one softmax step covers
  * them all, then every block's values are accumulated. At most
- * jb->span_tokens tokens. Prefetch runs one block ahead in each pass: the
- * next block's keys while one is scored (the first block's values during
- * the last score), the next block's values while one is accumulated, and
- * `after` (or NULL) during the last accumulation. */
+ * jb->span_tokens tokens. Prefetch runs PREFETCH_AHEAD parts ahead in the
+ * span's reading order (keys parts, values parts, then `after`'s keys, or
+ * nothing when it is NULL). */
 static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const next_block *after, int nr,
                        const float *kq, const int32_t *qpos, int32_t qpos_max, float *m, float *l, float *acc,
                        float *logits, float *mscratch, float *kw_head, int row0, int64_t slot0) {
     const vq_cache *c = jb->c;
     const vq_mparams *pk = &c->spec.k, *pv = &c->spec.v;
+    const int n_all = b1 - b0; /* the span's blocks before any is cut off by the query positions */
     int col = 0;
     for (int b = b0; b < b1; b++) {
         int n = s->blk_n[b];
@@ -211,12 +239,7 @@ static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const 
             b1 = b;
             break;
         }
-        next_block nx;
-        if (b + 1 < b1) {
-            if (block_target(c, s, b + 1, &nx)) prefetch_range(nx.k, nx.k_bytes);
-        } else if (block_target(c, s, b0, &nx)) {
-            prefetch_range(nx.v, nx.v_bytes);
-        }
+        for (int j = 1; j <= PREFETCH_AHEAD; j++) prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + j);
         const vq_block_class *k = &c->cls[s->blk_class[b]];
         pk->method->score(pk, kq, nr, s->blocks[b], k->cap, 0, n, logits + col, jb->logit_ld, mscratch);
         mask_future(jb, nr, qpos, vq_blk_pos(c, s, b), n, logits + col);
@@ -228,12 +251,7 @@ static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const 
     for (int b = b0; b < b1; b++) {
         int n = s->blk_n[b];
         if (n <= 0) continue;
-        next_block nx;
-        if (b + 1 < b1) {
-            if (block_target(c, s, b + 1, &nx)) prefetch_range(nx.v, nx.v_bytes);
-        } else if (after) {
-            prefetch_range(after->k, after->k_bytes);
-        }
+        for (int j = 1; j <= PREFETCH_AHEAD; j++) prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + j);
         const vq_block_class *k = &c->cls[s->blk_class[b]];
         pv->method->accum(pv, logits + col, jb->logit_ld, nr, s->blocks[b] + k->k_bytes, k->cap, 0, n, acc, mscratch);
         col += n;
@@ -295,7 +313,8 @@ static void stream_range(const job *jb, const vq_stream *s, int b0, int b1, bool
         while (e < b1 && (e == b || (tokens + s->blk_n[e] <= jb->span_tokens && e - b < MAX_SPAN_BLOCKS)))
             tokens += s->blk_n[e++];
         next_block nx;
-        const next_block *next = e < b1 ? (block_target(c, s, e, &nx) ? &nx : NULL) : after;
+        if (e < b1) nx = block_parts(c, s, e);
+        const next_block *next = e < b1 ? &nx : after;
         run_blocks(jb, s, b, e, next, nr, kq, qpos, qpos_max, m, l, acc, logits, mscratch, kw_head, row0, slot0);
         slot0 += tokens;
         b = e;
@@ -383,7 +402,10 @@ static void task_fn(void *ctx, int task, int thread) {
         int nt = task + jb->threads, h2 = nt / jb->tasks_per_head, b2 = nt % jb->tasks_per_head * jb->part_blocks;
         if (nt < c->cfg.n_heads_kv * jb->tasks_per_head) {
             const vq_stream *s2 = &c->streams[(size_t)jb->layer * c->cfg.n_heads_kv + h2];
-            if (b2 < s2->n_blocks && block_target(c, s2, b2, &la)) after = &la;
+            if (b2 < s2->n_blocks) {
+                la = block_parts(c, s2, b2);
+                after = &la;
+            }
         }
         if (b0 < b1 || window)
             stream_range(jb, s, b0 < b1 ? b0 : 0, b0 < b1 ? b1 : 0, window, after, nr, t.qbuf, kq, qp, qpos_max, t.m,
@@ -552,13 +574,10 @@ vq_status vq_attend(vq_cache *c, int layer, const vq_attend_args *a) {
     int span_blocks = SPAN_FLOATS / maxr / c->block_tokens;
     if (span_blocks > jb.part_blocks) span_blocks = jb.part_blocks;
     if (span_blocks > MAX_SPAN_BLOCKS) span_blocks = MAX_SPAN_BLOCKS;
-    /* Blocks left to the hardware prefetcher (fp16's) stay one per span: a
-     * span reads all its keys, then all its values, which splits each
-     * block's single run (keys, then values) in two. Whether that costs the
-     * fp16 baseline anything at 32768 tokens was lost in the host's noise
-     * (+-10 % between runs), so the baseline keeps the order it was measured
-     * with. */
-    if (c->block_bytes > PREFETCH_MAX_BYTES) span_blocks = 1;
+    /* Blocks bigger than L1's share (fp16's: 66 KB at d = 128) stay one per
+     * span, the order the fp16 baseline has always been measured with: a
+     * block's keys part, then its values part. */
+    if (c->block_bytes > SPAN_BIG_BYTES) span_blocks = 1;
     jb.span_tokens = (span_blocks > 1 ? span_blocks : 1) * c->block_tokens;
     jb.logit_ld = jb.span_tokens > c->win_cap ? jb.span_tokens : c->win_cap;
     jb.logit_ld = (jb.logit_ld + 15) & ~15;
