@@ -38,12 +38,15 @@
 #define MAX_SPAN_BLOCKS 64
 
 /* exp(x[i] - m) in place for i < n; returns the sum. Masked entries are -inf
- * and become 0. Scalar and AVX2 versions (kernels/cpu/softmax_avx2.c). */
+ * and become 0. Scalar, AVX2 and AVX-512 versions (kernels/cpu/softmax_*.c). */
 float vq_exp_shift_sum_avx2(float *x, int n, float m);
 float vq_max_avx2(const float *x, int n);
+float vq_exp_shift_sum_avx512(float *x, int n, float m);
+float vq_max_avx512(const float *x, int n);
 
 static float exp_shift_sum(float *x, int n, float m) {
 #if defined(__x86_64__)
+    if (vq_cpu_has_avx512()) return vq_exp_shift_sum_avx512(x, n, m);
     if (vq_cpu_has_avx2()) return vq_exp_shift_sum_avx2(x, n, m);
 #endif
     float s = 0;
@@ -56,6 +59,7 @@ static float exp_shift_sum(float *x, int n, float m) {
 
 static float max_of(const float *x, int n) {
 #if defined(__x86_64__)
+    if (vq_cpu_has_avx512()) return vq_max_avx512(x, n);
     if (vq_cpu_has_avx2()) return vq_max_avx2(x, n);
 #endif
     float m = -INFINITY;
@@ -105,26 +109,30 @@ typedef struct {
     float *kw_out;      /* [H][kw_ld] */
 } job;
 
-/* Asks for [p, p + bytes) to be brought in ahead of use. Blocks are
- * separate allocations and the hardware prefetcher stops at their page
- * edges, so without this the start of every block is a run of demand
- * misses. A span reads its blocks' key parts, then their value parts, then
- * goes on to the next span's first keys part (`after`); while it works on
- * part i it asks for parts i + 1 .. i + PREFETCH_AHEAD of that order
- * (prefetch_part), so each part is asked for twice, two parts ahead and
- * again one part ahead.
+/* Asks for a block's parts ahead of use. Blocks are separate allocations
+ * and the hardware prefetcher stops at their page edges, so without this
+ * the start of every block is a run of demand misses. A span reads its
+ * blocks' key parts, then their value parts, then goes on to the next
+ * span's first keys part (`after`); while it works on part i it touches
+ * each page of part i + 2 (one prefetch a page) and asks for every line of
+ * part i + 1 (prefetch_part).
  *
  * Measured on a Zen 5 host, 32768 tokens, 32/8 heads, d = 128, one thread,
- * interleaved: one part ahead (the order before): KIVI-2 5.8-6.1 ms, fp16
- * (then left to the hardware prefetcher) 13.1-14.4 ms; two parts ahead
- * asked once: KIVI-2 5.5-6.1 ms, no gain; asked twice (this): KIVI-2
- * 4.9-5.1 ms, fp16 8.3-9.4 ms; three or four parts ahead: no better. Why
- * the repeat matters was not established (a guess: a prefetch that misses
- * the TLB may start the page walk and be dropped). On a Zen 3 host one
- * part ahead in two bursts had beaten the whole next block at once (KIVI-2,
- * 2 threads: 2-7 % less median time) and prefetching fp16 blocks had
- * measured slower, without kept figures. */
-#define PREFETCH_AHEAD 2
+ * interleaved (ms, medians): every line one part ahead (the order before,
+ * then for KIVI only; fp16 blocks were left to the hardware): KIVI-2
+ * 5.8-6.1, fp16 13.1-14.4; every line one part ahead for fp16 too: fp16
+ * 10.4; every line two parts ahead only: KIVI-2 5.5-6.1; every line two
+ * and again one part ahead: KIVI-2 4.9-5.1, fp16 8.3-9.4; pages two ahead
+ * and lines one ahead (this): KIVI-2 4.67-4.73, fp16 8.6-9.8; every second
+ * line: KIVI-2 8.6-9.2, worse than none. Why the early touch matters was
+ * not established (a guess: a prefetch that misses the TLB may start the
+ * walk and be dropped). In cache the fp16 path pays for its prefetches
+ * (13.7-14.2 -> 16.5 ns per token and kv head at 2048 tokens, 8/2 heads).
+ * On a Zen 3 host one part ahead in two bursts had beaten the whole next
+ * block at once (KIVI-2, 2 threads: 2-7 % less median time) and
+ * prefetching fp16 blocks had measured slower, without kept figures. */
+#define PREFETCH_PAGE 4096
+/* Blocks that stay one per span (see vq_attend). */
 #define SPAN_BIG_BYTES 32768
 
 /* prefetch_range and prefetch_part are inlined into run_blocks on purpose:
@@ -137,12 +145,16 @@ typedef struct {
 #define PREFETCH_INLINE inline
 #endif
 
-static PREFETCH_INLINE void prefetch_range(const uint8_t *p, size_t bytes) {
+/* One prefetch every `step` bytes of [p, p + bytes), and its last byte. */
+static PREFETCH_INLINE void prefetch_range(const uint8_t *p, size_t bytes, size_t step) {
 #if defined(__GNUC__)
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    if (bytes == 0) return;
+    for (size_t o = 0; o < bytes; o += step) __builtin_prefetch(p + o, 0, 3);
+    __builtin_prefetch(p + bytes - 1, 0, 3);
 #else
     (void)p;
     (void)bytes;
+    (void)step;
 #endif
 }
 
@@ -157,18 +169,20 @@ static next_block block_parts(const vq_cache *c, const vq_stream *s, int b) {
     return (next_block){s->blocks[b], s->blocks[b] + k->k_bytes, k->k_bytes, k->bytes - k->k_bytes};
 }
 
-/* Part j of span [b0, b1)'s reading order: keys of b0 + j for j < n, values
- * of b0 + j - n for j < 2 n, then after's keys. */
-static PREFETCH_INLINE void prefetch_part(const vq_cache *c, const vq_stream *s, int b0, int b1, const next_block *after, int j) {
+/* Part j of span [b0, b1)'s reading order (keys of b0 + j for j < n, values
+ * of b0 + j - n for j < 2 n, then after's keys), one prefetch every step
+ * bytes. */
+static PREFETCH_INLINE void prefetch_part(const vq_cache *c, const vq_stream *s, int b0, int b1,
+                                          const next_block *after, int j, size_t step) {
     int n = b1 - b0;
     if (j < n) {
         next_block p = block_parts(c, s, b0 + j);
-        prefetch_range(p.k, p.k_bytes);
+        prefetch_range(p.k, p.k_bytes, step);
     } else if (j < 2 * n) {
         next_block p = block_parts(c, s, b0 + j - n);
-        prefetch_range(p.v, p.v_bytes);
+        prefetch_range(p.v, p.v_bytes, step);
     } else if (j == 2 * n && after) {
-        prefetch_range(after->k, after->k_bytes);
+        prefetch_range(after->k, after->k_bytes, step);
     }
 }
 
@@ -222,9 +236,9 @@ static void mask_future(const job *jb, int nr, const int32_t *qpos, const int32_
 /* Blocks [b0, b1) of stream s as one softmax span: every block's keys are
  * scored into its columns of the logits rows, one softmax step covers
  * them all, then every block's values are accumulated. At most
- * jb->span_tokens tokens. Prefetch runs PREFETCH_AHEAD parts ahead in the
- * span's reading order (keys parts, values parts, then `after`'s keys, or
- * nothing when it is NULL). */
+ * jb->span_tokens tokens. Prefetch runs two parts ahead (pages) and one
+ * part ahead (lines) in the span's reading order (keys parts, values parts,
+ * then `after`'s keys, or nothing when it is NULL). */
 static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const next_block *after, int nr,
                        const float *kq, const int32_t *qpos, int32_t qpos_max, float *m, float *l, float *acc,
                        float *logits, float *mscratch, float *kw_head, int row0, int64_t slot0) {
@@ -239,7 +253,8 @@ static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const 
             b1 = b;
             break;
         }
-        for (int j = 1; j <= PREFETCH_AHEAD; j++) prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + j);
+        prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 2, PREFETCH_PAGE);
+        prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 1, 64);
         const vq_block_class *k = &c->cls[s->blk_class[b]];
         pk->method->score(pk, kq, nr, s->blocks[b], k->cap, 0, n, logits + col, jb->logit_ld, mscratch);
         mask_future(jb, nr, qpos, vq_blk_pos(c, s, b), n, logits + col);
@@ -251,7 +266,8 @@ static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const 
     for (int b = b0; b < b1; b++) {
         int n = s->blk_n[b];
         if (n <= 0) continue;
-        for (int j = 1; j <= PREFETCH_AHEAD; j++) prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + j);
+        prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 2, PREFETCH_PAGE);
+        prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 1, 64);
         const vq_block_class *k = &c->cls[s->blk_class[b]];
         pv->method->accum(pv, logits + col, jb->logit_ld, nr, s->blocks[b] + k->k_bytes, k->cap, 0, n, acc, mscratch);
         col += n;
