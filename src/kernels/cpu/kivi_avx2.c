@@ -34,7 +34,7 @@
  * run's two parts into c2 + 4 c1 before converting or multiplying.
  * Rows go 4 at a time (the q heads of a GQA group share every code load),
  * then 2, then 1 (MHA models: one row per kv head). At CPU level avx512
- * the 4-row groups of 2-, 4- and 8-bit codes run kivi_avx512.c's bodies
+ * the 4-row groups run kivi_avx512.c's bodies where the shape allows
  * instead (keys; values with AVX512_VNNI, which also builds every chunk's
  * int16 weights), called from the drivers here. A single value row
  * takes every slot of a 16-byte run at once (accum_run16_row); 2 and 4
@@ -740,9 +740,11 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                 deq[r] = prep_weights(wr, sT, smax, zT, ng, cmax, wr16, (size_t)R * (CHUNK / 2), zv + (size_t)r * ng);
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
-        if (bits == 3) {
+        if (R == 4 && wide && vq_kivi_accum4_avx512(codes, cb, cn, bits, G, wp, deq, acc, d)) {
+            /* the AVX-512 body took the chunk */
+        } else if (bits == 3) {
             accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d);
-        } else if (!(R == 4 && wide && vq_kivi_accum4_avx512(codes, cb, cn, bits, G, wp, deq, acc, d))) {
+        } else {
             accum_plane(codes, cb, cn, bits, G, wp, deq, R, acc, d);
         }
     }

@@ -41,10 +41,11 @@ static inline __m256 fold(__m512 a) {
 /* q' for 4 rows and one key group (fp16 scale sc, zero zr), in the order
  * dot_pair reads it: 16 floats per (16-byte step u, slot j, row r), channel
  * j * stride + u + lane, times 2^-(b j) except in the top slot, which is
- * shifted down instead of masked (see kivi_avx2.c's prep_keys); qz[r] =
+ * shifted down instead of masked (see kivi_avx2.c's prep_keys), and none for
+ * whole codes (3 bits: the 2-bit slots with their high bit joined); qz[r] =
  * sum_c q_r,c zero_c. */
-static ALWAYS_INLINE void prep_keys(const float *q, int d, const int b, int stride, const uint16_t *sc,
-                                    const uint16_t *zr, float *qs, float *qz) {
+static ALWAYS_INLINE void prep_keys(const float *q, int d, const int b, int stride, const bool whole,
+                                    const uint16_t *sc, const uint16_t *zr, float *qs, float *qz) {
     __m512 z[4];
     for (int r = 0; r < 4; r++) z[r] = _mm512_setzero_ps();
     for (int c = 0; c < d; c += 16) {
@@ -56,7 +57,7 @@ static ALWAYS_INLINE void prep_keys(const float *q, int d, const int b, int stri
     for (int u = 0; u < stride; u += 16)
         for (int j = 0; j < slots; j++) {
             int c = j * stride + u;
-            __m512 f = pow2(j == slots - 1 ? 0 : -b * j);
+            __m512 f = pow2(whole || j == slots - 1 ? 0 : -b * j);
             __m512 sf = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + c))), f);
             for (int r = 0; r < 4; r++, o += 16)
                 _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(q + (size_t)r * d + c), sf));
@@ -90,30 +91,65 @@ static ALWAYS_INLINE void dot_tokens(const float *qs, const uint8_t *c, size_t c
     }
 }
 
+/* dot_tokens for 3-bit codes (d a multiple of 128): per 16 channels of
+ * slot j, the 2-bit part (x >> 2 j) & 3 and the high bit from slot 2 j + k0
+ * of the 1-bit plane bytes (the same channels, s1 = d / 8 apart) joined
+ * into c2 + 4 c1 by one vpternlogd before one conversion and the rows'
+ * FMAs. */
+static ALWAYS_INLINE void dot_tokens_b3(const float *qs, const uint8_t *c, size_t cb, int d, const int K,
+                                        __m512 acc[4][4]) {
+    const int s2 = d / 4, s1 = d / 8;
+    const __m512i four = _mm512_set1_epi32(4);
+    const float *qp = qs;
+    for (int k = 0; k < K; k++)
+        for (int r = 0; r < 4; r++) acc[k][r] = _mm512_setzero_ps();
+    for (int u = 0; u < s2; u += 16) {
+        const int k0 = u / s1; /* the 1-bit slot of j = 0 */
+        __m512i x[4], y[4];
+        for (int k = 0; k < K; k++) {
+            const uint8_t *ck = c + k * cb;
+            x[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ck + u)));
+            y[k] = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ck + s2 + u % s1))), 2);
+        }
+        for (int j = 0; j < 4; j++, qp += 64)
+            for (int k = 0; k < K; k++) {
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi32(y[k], 2 * j + k0), four);
+                /* (x >> 2 j) & 3 | hi: imm 0xEC is (a & c) | b */
+                __m512i cj = _mm512_ternarylogic_epi32(_mm512_srli_epi32(x[k], 2 * j), hi, _mm512_set1_epi32(3), 0xEC);
+                __m512 f = _mm512_cvtepi32_ps(cj);
+                for (int r = 0; r < 4; r++) acc[k][r] = _mm512_fmadd_ps(_mm512_loadu_ps(qp + 16 * r), f, acc[k][r]);
+            }
+    }
+}
+
 /* Tokens per step of the key loop: 4 tokens x 4 rows = 16 FMA chains; 2
  * tokens (8 chains, the AVX2 kernel's choice) left the FMA units waiting on
  * their latency: 18.7 ns per (token, kv head) in cache against 15.8 (2-bit,
  * heads 8/2, Zen 5). */
 #define KT 4
-/* Scores of tokens [t0, t0 + n) for 4 rows (bits 2, 4 or 8, a constant
+/* Scores of tokens [t0, t0 + n) for 4 rows (bits 2, 3, 4 or 8, a constant
  * per instance). */
-static ALWAYS_INLINE void score4(const float *q, int d, int G, const int b, const uint8_t *blk, int block_tokens,
+static ALWAYS_INLINE void score4(const float *q, int d, int G, const int bits, const uint8_t *blk, int block_tokens,
                                  int t0, int n, float *logits, int ld, float *scratch) {
-    const int stride = d * b / 8;
-    const size_t cb = (size_t)stride;
+    /* 3-bit codes: the 2-bit plane set's slots, whole (see prep_keys) */
+    const int b = bits == 3 ? 2 : bits, stride = bits == 3 ? d / 4 : d * b / 8;
+    const size_t cb = (size_t)d * (size_t)bits / 8;
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
     float *qs = scratch, *qz = scratch + 4 * (size_t)d;
     for (int t = t0; t < t0 + n;) {
         int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
         const uint16_t *sc = meta + (size_t)g * 2 * d;
-        prep_keys(q, d, b, stride, sc, sc + d, qs, qz);
+        prep_keys(q, d, b, stride, bits == 3, sc, sc + d, qs, qz);
         /* 8 tokens' partials per row summed by one transposing tree, 8
          * logits per store (as the AVX2 kernel) */
         for (; t + 8 <= end; t += 8) {
             __m256 part[4][8]; /* [row][token] */
             for (int k = 0; k < 8; k += KT) {
                 __m512 acc[4][4];
-                dot_tokens(qs, blk + (size_t)(t + k) * cb, cb, stride, b, KT, acc);
+                if (bits == 3)
+                    dot_tokens_b3(qs, blk + (size_t)(t + k) * cb, cb, d, KT, acc);
+                else
+                    dot_tokens(qs, blk + (size_t)(t + k) * cb, cb, stride, b, KT, acc);
                 for (int r = 0; r < 4; r++)
                     for (int e = 0; e < KT; e++) part[r][k + e] = fold(acc[e][r]);
             }
@@ -127,7 +163,10 @@ static ALWAYS_INLINE void score4(const float *q, int d, int G, const int b, cons
         }
         for (; t < end; t++) {
             __m512 acc[4][4];
-            dot_tokens(qs, blk + (size_t)t * cb, cb, stride, b, 1, acc);
+            if (bits == 3)
+                dot_tokens_b3(qs, blk + (size_t)t * cb, cb, d, 1, acc);
+            else
+                dot_tokens(qs, blk + (size_t)t * cb, cb, stride, b, 1, acc);
             for (int r = 0; r < 4; r++) logits[(size_t)r * ld + (t - t0)] = _mm512_reduce_add_ps(acc[0][r]) + qz[r];
         }
     }
@@ -135,9 +174,10 @@ static ALWAYS_INLINE void score4(const float *q, int d, int G, const int b, cons
 
 bool vq_kivi_score4_avx512(const float *q, int d, int G, int bits, const uint8_t *blk, int block_tokens, int t0,
                            int n, float *logits, int ld, float *scratch) {
-    if ((bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 16 != 0) return false;
+    if (bits == 3 ? d % 128 != 0 : (bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 16 != 0) return false;
     switch (bits) {
     case 2: score4(q, d, G, 2, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    case 3: score4(q, d, G, 3, blk, block_tokens, t0, n, logits, ld, scratch); break;
     case 4: score4(q, d, G, 4, blk, block_tokens, t0, n, logits, ld, scratch); break;
     default: score4(q, d, G, 8, blk, block_tokens, t0, n, logits, ld, scratch); break;
     }
@@ -278,9 +318,103 @@ static ALWAYS_INLINE VNNI void accum_plane4(const uint8_t *codes, size_t cb, int
         }
 }
 
+/* One token's 32 bytes of 3-bit codes for slot j of a run: the 2-bit part
+ * from slot j of the 2-bit plane bytes c2 and the high bit from the 1-bit
+ * plane bytes c1 (m1: its bit in each byte), joined in place as
+ * (c2 + 4 c1) * 2^e, e = 2 j (4 for j = 3, so 7 * 2^e fits a byte), as
+ * kivi_avx2.c's join_b3 does for 16 bytes. */
+static ALWAYS_INLINE __m256i join_b3(__m256i c2, __m256i c1, __m256i m1, const int j) {
+    const int e = j < 3 ? 2 * j : 4;
+    __m256i lo = _mm256_and_si256(j < 3 ? c2 : _mm256_srli_epi16(c2, 2), _mm256_set1_epi8((char)(3 << e)));
+    __m256i off = _mm256_cmpeq_epi8(_mm256_and_si256(c1, m1), _mm256_setzero_si256());
+    return _mm256_or_si256(lo, _mm256_andnot_si256(off, _mm256_set1_epi8((char)(4 << e))));
+}
+
+/* The 1-bit plane bytes of a token for the 32 channels j s2 + u .. +31 of
+ * a run (s1 = d / 8 bytes of them): s1 = 16, the same 16 bytes for both
+ * halves (their bits differ: see m1_for); s1 a multiple of 32, 32 bytes. */
+static ALWAYS_INLINE __m256i high_bytes(const uint8_t *c1, int s1, int u) {
+    if (s1 == 16) return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)c1));
+    return _mm256_loadu_si256((const __m256i *)(c1 + u % s1));
+}
+
+/* The high bit's place in high_bytes for slot j: slot 2 j + (u + i) / s1
+ * of byte i. */
+static ALWAYS_INLINE __m256i m1_for(int s1, int u, const int j) {
+    if (s1 == 16) return _mm256_set_m128i(_mm_set1_epi8((char)(1 << (2 * j + 1))), _mm_set1_epi8((char)(1 << (2 * j))));
+    return _mm256_set1_epi8((char)(1 << (2 * j + u / s1)));
+}
+
+/* accum_run for 3-bit codes: slots j0, j0 + 1 of the 2-bit plane run u (32
+ * channels each), their high bits joined in (join_b3) before the widening. */
+static ALWAYS_INLINE VNNI void accum_run_b3(const uint8_t *codes, size_t cb, int cn, int u, int d,
+                                            const int32_t *const *wj, const int j0, const float *deq,
+                                            float *const *accj) {
+    const int s2 = d / 4, s1 = d / 8;
+    __m512i a[2][4][2]; /* [slot][row][half] */
+    for (int s = 0; s < 2; s++)
+        for (int r = 0; r < 4; r++) a[s][r][0] = a[s][r][1] = _mm512_setzero_si512();
+    const __m256i m1[2] = {m1_for(s1, u, j0), m1_for(s1, u, j0 + 1)};
+    __m512i lo, hi;
+    const uint8_t *ca = codes, *end = codes + (size_t)(cn & ~1) * cb;
+    int i = 0;
+    for (; ca != end; ca += 2 * cb, i++) {
+        __m256i c2a = _mm256_loadu_si256((const __m256i *)(ca + u)), c2b = _mm256_loadu_si256((const __m256i *)(ca + cb + u));
+        __m256i c1a = high_bytes(ca + s2, s1, u), c1b = high_bytes(ca + cb + s2, s1, u);
+        for (int s = 0; s < 2; s++) {
+            widen_pairs32(join_b3(c2a, c1a, m1[s], j0 + s), join_b3(c2b, c1b, m1[s], j0 + s), &lo, &hi);
+            for (int r = 0; r < 4; r++) {
+                __m512i w = _mm512_set1_epi32(wj[s][r * (CHUNK / 2) + i]);
+                a[s][r][0] = _mm512_dpwssd_epi32(a[s][r][0], lo, w);
+                a[s][r][1] = _mm512_dpwssd_epi32(a[s][r][1], hi, w);
+            }
+        }
+    }
+    if (cn & 1) { /* the odd last token, paired with itself: its partner's weight is 0 */
+        __m256i c2a = _mm256_loadu_si256((const __m256i *)(ca + u)), c1a = high_bytes(ca + s2, s1, u);
+        for (int s = 0; s < 2; s++) {
+            __m256i x = join_b3(c2a, c1a, m1[s], j0 + s);
+            widen_pairs32(x, x, &lo, &hi);
+            for (int r = 0; r < 4; r++) {
+                __m512i w = _mm512_set1_epi32(wj[s][r * (CHUNK / 2) + i]);
+                a[s][r][0] = _mm512_dpwssd_epi32(a[s][r][0], lo, w);
+                a[s][r][1] = _mm512_dpwssd_epi32(a[s][r][1], hi, w);
+            }
+        }
+    }
+    for (int s = 0; s < 2; s++) {
+        const int j = j0 + s;
+        add_rows(a[s], deq, 1.0f / (float)(1 << (j < 3 ? 2 * j : 4)), accj[s], d);
+    }
+}
+
+/* Every channel of 3-bit codes for one chunk and 4 rows (d a multiple of
+ * 128): channel j s2 + u + i, slots two at a time. */
+static ALWAYS_INLINE VNNI void accum_planes4_b3(const uint8_t *codes, size_t cb, int cn, int G, const int32_t *wp,
+                                                const float *deq, float *acc, int d) {
+    const int s2 = d / 4;
+    for (int u = 0; u < s2; u += 32)
+        for (int j = 0; j < 4; j += 2) {
+            const int32_t *wj[2];
+            float *accj[2];
+            for (int s = 0; s < 2; s++) {
+                int ch = (j + s) * s2 + u;
+                wj[s] = wp + (size_t)(ch / G) * 4 * (CHUNK / 2);
+                accj[s] = acc + ch;
+            }
+            accum_run_b3(codes, cb, cn, u, d, wj, j, deq, accj);
+        }
+}
+
 VNNI bool vq_kivi_accum4_avx512(const uint8_t *codes, size_t cb, int cn, int bits, int G, const int32_t *wp,
                            const float *deq, float *acc, int d) {
-    if ((bits != 2 && bits != 4 && bits != 8) || cb % 32 != 0 || G % 32 != 0) return false;
+    if (G % 32 != 0) return false;
+    if (bits == 3) {
+        if (d % 128 != 0) return false;
+        accum_planes4_b3(codes, cb, cn, G, wp, deq, acc, d);
+        return true;
+    }
+    if ((bits != 2 && bits != 4 && bits != 8) || cb % 32 != 0) return false;
     switch (bits) {
     case 2: accum_plane4(codes, cb, cn, 2, G, wp, deq, acc, d); break;
     case 4: accum_plane4(codes, cb, cn, 4, G, wp, deq, acc, d); break;
