@@ -1,6 +1,7 @@
-/* AVX-512 kernels for KIVI at CPU level avx512: the key scores of 4 rows
- * (one GQA group of 4 q heads) 16 channels per instruction, and the inner
- * loop of the value accumulation for 4 rows with VNNI (vpdpwssd adds the
+/* AVX-512 kernels for KIVI (2, 3, 4 and 8 bits) at CPU level avx512: the
+ * key scores of 4 rows (one GQA group of 4 q heads) 16 channels per
+ * instruction, and the inner loop of the value accumulation for 4 rows with
+ * VNNI (vpdpwssd adds the
  * madd of a token pair into the int32 sums in one instruction, where AVX2
  * needs a madd and an add). Both follow the AVX2 kernels' math exactly
  * (kivi_avx2.c's header has the why): q' = q * scale with the slot's power
@@ -39,7 +40,7 @@ static inline __m256 fold(__m512 a) {
 /* ------------------------------------------------------------------ keys */
 
 /* q' for 4 rows and one key group (fp16 scale sc, zero zr), in the order
- * dot_pair reads it: 16 floats per (16-byte step u, slot j, row r), channel
+ * dot_tokens reads it: 16 floats per (16-byte step u, slot j, row r), channel
  * j * stride + u + lane, times 2^-(b j) except in the top slot, which is
  * shifted down instead of masked (see kivi_avx2.c's prep_keys), and none for
  * whole codes (3 bits: the 2-bit slots with their high bit joined); qz[r] =
@@ -72,9 +73,10 @@ static ALWAYS_INLINE __m512 slot_f(__m512i x, const int b, const int j) {
     return _mm512_cvtepi32_ps(_mm512_srli_epi32(x, 8 - b));
 }
 
-/* The partial dot products of tokens c (k = 0) and c + cb (k = 1) with 4
- * rows, one accumulator per (token, row) as in kivi_avx2.c's dot_pair (each
- * q' load feeds two FMAs; 8 chains). K = 1: one token (tails). */
+/* The partial dot products of K tokens (c + k cb) with 4 rows, one
+ * accumulator per (token, row) as in kivi_avx2.c's dot_pair: each q' load
+ * feeds K FMAs, and K = KT gives 4 KT independent chains. K = 1: one token
+ * (tails). */
 static ALWAYS_INLINE void dot_tokens(const float *qs, const uint8_t *c, size_t cb, int stride, const int b, const int K,
                                      __m512 acc[4][4]) {
     const float *qp = qs;
@@ -127,6 +129,7 @@ static ALWAYS_INLINE void dot_tokens_b3(const float *qs, const uint8_t *c, size_
  * their latency: 18.7 ns per (token, kv head) in cache against 15.8 (2-bit,
  * heads 8/2, Zen 5). */
 #define KT 4
+
 /* Scores of tokens [t0, t0 + n) for 4 rows (bits 2, 3, 4 or 8, a constant
  * per instance). */
 static ALWAYS_INLINE void score4(const float *q, int d, int G, const int bits, const uint8_t *blk, int block_tokens,
