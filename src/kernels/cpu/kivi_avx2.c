@@ -34,7 +34,7 @@
  * run's two parts into c2 + 4 c1 before converting or multiplying.
  * Rows go 4 at a time (the q heads of a GQA group share every code load),
  * then 2, then 1 (MHA models: one row per kv head). At CPU level avx512
- * the 4-row groups run kivi_avx512.c's bodies where the shape allows
+ * the row groups run kivi_avx512.c's bodies where the shape allows
  * instead (keys; values with AVX512_VNNI, which also builds every chunk's
  * int16 weights), called from the drivers here. A single value row
  * takes every slot of a 16-byte run at once (accum_run16_row); 2 and 4
@@ -50,12 +50,12 @@
  * 4.8e-5 error on the test, 64: 6.4e-5). */
 #define CHUNK 32
 
-/* The AVX-512 bodies of the 4-row groups (kivi_avx512.c), run at CPU level
+/* The AVX-512 bodies of the row groups (kivi_avx512.c), run at CPU level
  * avx512 (values: with AVX512_VNNI); false when the shape is not theirs. */
-bool vq_kivi_score4_avx512(const float *q, int d, int G, int bits, const uint8_t *blk, int block_tokens, int t0,
-                           int n, float *logits, int ld, float *scratch);
-bool vq_kivi_accum4_avx512(const uint8_t *codes, size_t cb, int cn, int bits, int G, const int32_t *wp,
-                           const float *deq, float *acc, int d);
+bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
+                               int t0, int n, float *logits, int ld, float *scratch);
+bool vq_kivi_accum_rows_avx512(const uint8_t *codes, size_t cb, int cn, int bits, int G, const int32_t *wp,
+                               const float *deq, int R, float *acc, int d);
 float vq_kivi_prep_weights_avx512(const float *wr, const float *sT, const float *smax, const float *zT, int ng,
                                   int cmax, int32_t *wp, size_t gstride, __m256 *zv);
 
@@ -363,16 +363,17 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
                         int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
     int d = p->head_dim, bits = p->bits, G = p->group;
     if (!planes_ok(bits, d, 8)) return false;
-    const bool wide = vq_cpu_has_avx512(); /* 4-row groups by kivi_avx512.c */
+    const bool wide = vq_cpu_has_avx512(); /* row groups by kivi_avx512.c */
     /* 4 rows at a time, then 2, then 1: the rows of one call share every
      * code load and conversion */
     for (int r0 = 0; r0 < rows;) {
         int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
         const float *qr = q + (size_t)r0 * d;
         float *lr = logits + (size_t)r0 * ld;
-        if (R == 4) {
-            if (!(wide && vq_kivi_score4_avx512(qr, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch)))
-                score_rows_bits(qr, 4, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
+        if (wide && vq_kivi_score_rows_avx512(qr, R, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch)) {
+            /* the AVX-512 body took the group */
+        } else if (R == 4) {
+            score_rows_bits(qr, 4, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
         } else if (R == 2) {
             score_rows_bits(qr, 2, d, G, bits, blk, block_tokens, t0, n, lr, ld, scratch);
         } else {
@@ -740,7 +741,7 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                 deq[r] = prep_weights(wr, sT, smax, zT, ng, cmax, wr16, (size_t)R * (CHUNK / 2), zv + (size_t)r * ng);
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
-        if (R == 4 && wide && vq_kivi_accum4_avx512(codes, cb, cn, bits, G, wp, deq, acc, d)) {
+        if (wide && vq_kivi_accum_rows_avx512(codes, cb, cn, bits, G, wp, deq, R, acc, d)) {
             /* the AVX-512 body took the chunk */
         } else if (bits == 3) {
             accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d);
@@ -774,7 +775,7 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
                         int block_tokens, int t0, int n, float *acc, float *scratch) {
     int d = p->head_dim, G = p->group, ng = d / G, bits = p->bits;
     if (!planes_ok(bits, d, 16) || d % G != 0 || ng > 16) return false;
-    const bool wide = vq_cpu_has_avx512_vnni(); /* weights and 4-row chunks by kivi_avx512.c */
+    const bool wide = vq_cpu_has_avx512_vnni(); /* weights and row groups by kivi_avx512.c */
     /* 4 rows at a time, then 2, then 1 */
     for (int r0 = 0; r0 < rows;) {
         int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
