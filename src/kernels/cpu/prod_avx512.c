@@ -1,0 +1,301 @@
+/* AVX-512 attention kernels of tq-prod (methods/turboquant_prod.c) for 2-
+ * and 3-bit codes (tq-prod bits=3, 4) and a sign sketch of m = d signs a
+ * token, d a multiple of 128. Built with the AVX-512 flags and only called
+ * at the avx512 CPU level.
+ *
+ * Codes: 16 channels a lane vector. The code bytes of 16 channels of one
+ * slot are extended to 32-bit lanes straight from memory; the slot's bits
+ * are shifted down, for 3-bit codes the high bit (1-bit planes) is shifted
+ * to bit 2 and merged in with one vpternlogd, and one vpermps looks the
+ * level up in the codebook replicated to 16 entries (bits above the code
+ * select a copy, so they need no mask).
+ *
+ * Signs: the 16 sign bits of 16 sketch channels are a mask register as they
+ * lie in memory (bit i in byte i / 8 at bit i % 8), so
+ *   sum_i s_i x_i = 2 sum_{s_i = +1} x_i - sum_i x_i
+ * takes one masked add per 16 signs and row, with no table: the masked adds
+ * run on the FP add pipes while the codes' FMAs take the FMA pipes. The AVX2
+ * path scores through 64 KB of per-query byte tables (L2) instead and
+ * accumulates through per-pair tables (codes_avx2.c).
+ *
+ * Keys: 2 tokens and R rows a step; a token's codebook is scaled by its
+ * norm once (a vmulps), so the codes' sums come out norm-scaled, and the
+ * sign sums join them by one FMA with the token's gain before the 8 (row,
+ * token) sums are reduced by one shuffle tree.
+ * Values: 32 code channels and 32 sketch channels of R rows stay in
+ * registers over the tokens of a call (4 R accumulators), a pass for each
+ * such slice. */
+#include "vq_internal.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define NOINLINE __attribute__((noinline))
+#else
+#define ALWAYS_INLINE inline
+#define NOINLINE
+#endif
+
+/* Tokens of one values call handled at once (stack buffers); the caller
+ * passes at most this many. */
+#define TOKENS 64
+
+/* The mask of sketch channels 16 g .. 16 g + 15 (bytes 2 g, 2 g + 1). */
+static ALWAYS_INLINE __mmask16 sign_mask(const uint8_t *signs, int g) {
+    uint16_t w;
+    memcpy(&w, signs + 2 * g, sizeof w);
+    return (__mmask16)w;
+}
+
+/* The 16-entry lookup table of B-bit levels (index bits above B pick a
+ * copy). */
+static __m512 replicated(const float *levels, int bits) {
+    float t[16];
+    for (int i = 0; i < 16; i++) t[i] = levels[i & ((1 << bits) - 1)];
+    return _mm512_loadu_ps(t);
+}
+
+/* Code bytes of 16 channels, one per lane. */
+static ALWAYS_INLINE __m512i load_bytes(const uint8_t *p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* The lookup index of slot s: lo holds 2-bit plane bytes, hi (B = 3) the
+ * 1-bit plane bytes with the slot pair's high bits at 2 s (slot s's at bit
+ * 2 s, see the callers); bit 2 of the index is taken from hi. */
+static ALWAYS_INLINE __m512i slot_index(const int B, __m512i lo, __m512i hi, const int s) {
+    __m512i x = s ? _mm512_srli_epi32(lo, 2 * s) : lo;
+    if (B == 2) return x;
+    __m512i h = s == 0 ? _mm512_slli_epi32(hi, 2) : s == 1 ? hi : _mm512_srli_epi32(hi, 2 * s - 2);
+    /* bits of x, bit 2 from h: (c ? b : a) with a = x, b = h, c = 4 */
+    return _mm512_ternarylogic_epi32(x, h, _mm512_set1_epi32(4), 0xD8);
+}
+
+/* The 1-bit plane bytes for the 16 channels starting i0 into each 2-bit
+ * slot (s2 = d / 4 of them, s1 = d / 8 bytes a 1-bit slot): channel
+ * s s2 + i0 + i has its high bit in byte (i0 + i) % s1 at bit 2 s + i0 /
+ * s1; shifted so it is at 2 s. */
+static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0) {
+    __m512i h = load_bytes(c + s2 + i0 % s1);
+    return i0 >= s1 ? _mm512_srli_epi32(h, 1) : h;
+}
+
+/* The sums of a[0..7] (16 lanes each) as 8 floats in that order. */
+static ALWAYS_INLINE __m256 sum8(const __m512 *a) {
+    __m512 b[4], c[2];
+    for (int i = 0; i < 4; i++) /* {a(2i) low + high half, a(2i+1) ...} */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 2; i++) /* 128-bit lane j: 4 partials of a(4i + j) */
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    __m512 e = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+    e = _mm512_add_ps(e, _mm512_permute_ps(e, 0xB1)); /* lane 4j: a(j), lane 4j + 2: a(4 + j) */
+    const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(pick, e));
+}
+
+/* Scores of tokens [0, n) for R rows (1..4). qs: the rows' rotated q in
+ * reading order (16 floats per (i0, slot, row)); v2: 2 S R q per row (d
+ * floats, rows d apart); vsum: sum_i (S R q)_i per row. */
+static ALWAYS_INLINE void score_rows(const int B, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
+                                     __m512 tab, const float *len, const float *gain, int n, const float *qs,
+                                     const float *v2, const float *vsum, float *logits, int ld) {
+    int s2 = d / 4, s1 = d / 8;
+    float vv[8] = {0};
+    for (int r = 0; r < R; r++) vv[2 * r] = vv[2 * r + 1] = vsum[r];
+    const __m256 vs = _mm256_loadu_ps(vv);
+    for (int j = 0; j < n; j += 2) {
+        /* an odd count scores the last token twice and keeps one */
+        int j1 = j + 1 < n ? j + 1 : j;
+        const uint8_t *c[2] = {codes + (size_t)j * cb, codes + (size_t)j1 * cb};
+        __m512 tb[2] = {_mm512_mul_ps(tab, _mm512_set1_ps(len[j])), _mm512_mul_ps(tab, _mm512_set1_ps(len[j1]))};
+        __m512 ac[8], as[8]; /* (row r, token t) at 2 r + t */
+        for (int i = 0; i < 8; i++) ac[i] = as[i] = _mm512_setzero_ps();
+        const float *qp = qs;
+        for (int i0 = 0; i0 < s2; i0 += 16) {
+            __m512i lo[2], hi[2];
+            for (int t = 0; t < 2; t++) {
+                lo[t] = load_bytes(c[t] + i0);
+                hi[t] = B == 3 ? load_high(c[t], s2, s1, i0) : lo[t];
+            }
+            for (int s = 0; s < 4; s++) {
+                __m512 lev[2];
+                for (int t = 0; t < 2; t++) lev[t] = _mm512_permutexvar_ps(slot_index(B, lo[t], hi[t], s), tb[t]);
+                for (int r = 0; r < R; r++, qp += 16) {
+                    __m512 q = _mm512_loadu_ps(qp);
+                    for (int t = 0; t < 2; t++) ac[2 * r + t] = _mm512_fmadd_ps(q, lev[t], ac[2 * r + t]);
+                }
+            }
+        }
+        for (int g = 0; g < d / 16; g++) {
+            __mmask16 k[2] = {sign_mask(c[0] + soff, g), sign_mask(c[1] + soff, g)};
+            for (int r = 0; r < R; r++) {
+                __m512 v = _mm512_loadu_ps(v2 + (size_t)r * d + 16 * g);
+                for (int t = 0; t < 2; t++) as[2 * r + t] = _mm512_mask_add_ps(as[2 * r + t], k[t], as[2 * r + t], v);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            ac[2 * r] = _mm512_fmadd_ps(as[2 * r], _mm512_set1_ps(gain[j]), ac[2 * r]);
+            ac[2 * r + 1] = _mm512_fmadd_ps(as[2 * r + 1], _mm512_set1_ps(gain[j1]), ac[2 * r + 1]);
+        }
+        /* norm * codes + gain * (2 sum_{+1} v - sum v) */
+        __m256 gv = _mm256_setr_ps(gain[j], gain[j1], gain[j], gain[j1], gain[j], gain[j1], gain[j], gain[j1]);
+        __m256 sc = _mm256_fnmadd_ps(gv, vs, sum8(ac));
+        __m128 lo = _mm256_castps256_ps128(sc), hi = _mm256_extractf128_ps(sc, 1);
+        if (j1 != j) {
+            _mm_storel_pi((__m64 *)(logits + j), lo);
+            if (R > 1) _mm_storeh_pi((__m64 *)(logits + (size_t)ld + j), lo);
+            if (R > 2) _mm_storel_pi((__m64 *)(logits + 2 * (size_t)ld + j), hi);
+            if (R > 3) _mm_storeh_pi((__m64 *)(logits + 3 * (size_t)ld + j), hi);
+        } else {
+            float out[8];
+            _mm256_storeu_ps(out, sc);
+            for (int r = 0; r < R; r++) logits[(size_t)r * ld + j] = out[2 * r];
+        }
+    }
+}
+
+/* Copies R rows of rotated q (d apart) into qs in score_rows' reading order. */
+static void prep_q(const float *q, int d, const int R, float *qs) {
+    int s2 = d / 4;
+    for (int i0 = 0; i0 < s2; i0 += 16)
+        for (int s = 0; s < 4; s++)
+            for (int r = 0; r < R; r++, qs += 16) memcpy(qs, q + (size_t)r * d + s * s2 + i0, 16 * sizeof(float));
+}
+
+static NOINLINE void score_b2(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *len,
+                              const float *gain, int n, const float *qs, const float *v2, const float *vsum,
+                              float *logits, int ld) {
+    switch (R) {
+    case 4: score_rows(2, 4, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 3: score_rows(2, 3, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 2: score_rows(2, 2, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    default: score_rows(2, 1, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    }
+}
+
+static NOINLINE void score_b3(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *len,
+                              const float *gain, int n, const float *qs, const float *v2, const float *vsum,
+                              float *logits, int ld) {
+    switch (R) {
+    case 4: score_rows(3, 4, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 3: score_rows(3, 3, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 2: score_rows(3, 2, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    default: score_rows(3, 1, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    }
+}
+
+/* logits[r * ld + t] = len[t] * <rq_r, levels of token t's codes> +
+ * gain[t] * <v_r, signs of token t> for r < rows, t < n, where v2 rows
+ * hold 2 v_r and vsum[r] = sum_i v_r[i]. Token t's bits-bit codes (2 or 3)
+ * start at codes + t * cb, its d signs soff bytes further. scratch: 4 d
+ * floats. */
+void vq_prod_score_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits, const float *levels, int d,
+                          const float *len, const float *gain, int n, const float *rq, const float *v2,
+                          const float *vsum, int rows, float *logits, int ld, float *scratch) {
+    __m512 tab = replicated(levels, bits);
+    for (int r = 0; r < rows; r += 4) {
+        int R = rows - r < 4 ? rows - r : 4;
+        prep_q(rq + (size_t)r * d, d, R, scratch);
+        const float *vr = v2 + (size_t)r * d;
+        float *lr = logits + (size_t)r * ld;
+        if (bits == 2) score_b2(R, codes, cb, soff, d, tab, len, gain, n, scratch, vr, vsum + r, lr, ld);
+        else score_b3(R, codes, cb, soff, d, tab, len, gain, n, scratch, vr, vsum + r, lr, ld);
+    }
+}
+
+/* One slice of the values for R rows: code channels s s2 + i0 .. + 15 for
+ * slots s0, s0 + 1 into acc (rows as apart) and sketch channels 16 g0 ..
+ * 16 g0 + 31 into acc + d. wn, wg: the weights times norm and gain per row
+ * (TOKENS apart), wsum[r] = sum_t wg[r][t]. */
+static ALWAYS_INLINE void accum_slice(const int B, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
+                                      __m512 tab, const float *wn, const float *wg, const float *wsum, int n,
+                                      float *acc, size_t as, int i0, const int s0, int g0) {
+    int s2 = d / 4, s1 = d / 8;
+    __m512 a[8], z[8]; /* (row r, slot or sketch run k) at 2 r + k */
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < 2; k++) {
+            a[2 * r + k] = _mm512_loadu_ps(acc + (size_t)r * as + (s0 + k) * s2 + i0);
+            z[2 * r + k] = _mm512_setzero_ps();
+        }
+    for (int t = 0; t < n; t++) {
+        const uint8_t *c = codes + (size_t)t * cb;
+        __m512i lo = load_bytes(c + i0), hi = B == 3 ? load_high(c, s2, s1, i0) : lo;
+        __m512 lev[2] = {_mm512_permutexvar_ps(slot_index(B, lo, hi, s0), tab),
+                         _mm512_permutexvar_ps(slot_index(B, lo, hi, s0 + 1), tab)};
+        __mmask16 k[2] = {sign_mask(c + soff, g0), sign_mask(c + soff, g0 + 1)};
+        for (int r = 0; r < R; r++) {
+            __m512 w = _mm512_set1_ps(wn[r * TOKENS + t]), u = _mm512_set1_ps(wg[r * TOKENS + t]);
+            for (int i = 0; i < 2; i++) {
+                a[2 * r + i] = _mm512_fmadd_ps(w, lev[i], a[2 * r + i]);
+                z[2 * r + i] = _mm512_mask_add_ps(z[2 * r + i], k[i], z[2 * r + i], u);
+            }
+        }
+    }
+    /* sum_t wg_t s_t = 2 sum_{s = +1} wg_t - sum_t wg_t */
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < 2; k++) {
+            _mm512_storeu_ps(acc + (size_t)r * as + (s0 + k) * s2 + i0, a[2 * r + k]);
+            float *zp = acc + (size_t)r * as + d + 16 * (g0 + k);
+            __m512 base = _mm512_sub_ps(_mm512_loadu_ps(zp), _mm512_set1_ps(wsum[r]));
+            _mm512_storeu_ps(zp, _mm512_fmadd_ps(z[2 * r + k], _mm512_set1_ps(2.0f), base));
+        }
+}
+
+static ALWAYS_INLINE void accum_rows(const int B, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
+                                     __m512 tab, const float *wn, const float *wg, const float *wsum, int n,
+                                     float *acc, size_t as) {
+    int s2 = d / 4, g = 0;
+    for (int i0 = 0; i0 < s2; i0 += 16, g += 4) {
+        accum_slice(B, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 0, g);
+        accum_slice(B, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 2, g + 2);
+    }
+}
+
+static NOINLINE void accum_b2(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *wn,
+                              const float *wg, const float *wsum, int n, float *acc, size_t as) {
+    switch (R) {
+    case 4: accum_rows(2, 4, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 3: accum_rows(2, 3, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 2: accum_rows(2, 2, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    default: accum_rows(2, 1, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    }
+}
+
+static NOINLINE void accum_b3(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *wn,
+                              const float *wg, const float *wsum, int n, float *acc, size_t as) {
+    switch (R) {
+    case 4: accum_rows(3, 4, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 3: accum_rows(3, 3, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 2: accum_rows(3, 2, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    default: accum_rows(3, 1, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    }
+}
+
+/* acc[r * 2 d + c] += sum_t w[r * ld + t] len[t] level_t[c] and
+ * acc[r * 2 d + d + i] += sum_t w[r * ld + t] gain[t] s_t,i for r < rows,
+ * n <= TOKENS tokens laid out as for vq_prod_score_avx512. */
+void vq_prod_accum_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits, const float *levels, int d,
+                          const float *len, const float *gain, int n, const float *w, int ld, int rows, float *acc) {
+    __m512 tab = replicated(levels, bits);
+    float wn[4 * TOKENS], wg[4 * TOKENS], wsum[4];
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        int R = rows - r0 < 4 ? rows - r0 : 4;
+        for (int r = 0; r < R; r++) {
+            const float *wr = w + (size_t)(r0 + r) * ld;
+            float s = 0;
+            for (int t = 0; t < n; t++) {
+                wn[r * TOKENS + t] = wr[t] * len[t];
+                wg[r * TOKENS + t] = wr[t] * gain[t];
+                s += wg[r * TOKENS + t];
+            }
+            wsum[r] = s;
+        }
+        float *ar = acc + (size_t)r0 * 2 * d;
+        if (bits == 2) accum_b2(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
+        else accum_b3(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
+    }
+}
