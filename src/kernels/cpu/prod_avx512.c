@@ -78,8 +78,8 @@ static ALWAYS_INLINE __m512i slot_index(const int B, __m512i lo, __m512i hi, con
  * s s2 + i0 + i has its high bit in byte (i0 + i) % s1 at bit 2 s + i0 /
  * s1; shifted so it is at 2 s. */
 static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0) {
-    __m512i h = load_bytes(c + s2 + i0 % s1);
-    return i0 >= s1 ? _mm512_srli_epi32(h, 1) : h;
+    if (i0 < s1) return load_bytes(c + s2 + i0);
+    return _mm512_srli_epi32(load_bytes(c + s2 + i0 - s1), 1); /* i0 < s2 = 2 s1: no division */
 }
 
 /* The sums of a[0..7] (16 lanes each) as 8 floats in that order. */
