@@ -286,13 +286,16 @@ void vq_prod_accum_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits
         int R = rows - r0 < 4 ? rows - r0 : 4;
         for (int r = 0; r < R; r++) {
             const float *wr = w + (size_t)(r0 + r) * ld;
-            float s = 0;
-            for (int t = 0; t < n; t++) {
-                wn[r * TOKENS + t] = wr[t] * len[t];
-                wg[r * TOKENS + t] = wr[t] * gain[t];
-                s += wg[r * TOKENS + t];
+            __m512 s = _mm512_setzero_ps();
+            for (int t = 0; t < n; t += 16) {
+                __mmask16 m = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+                __m512 x = _mm512_maskz_loadu_ps(m, wr + t);
+                __m512 g = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(m, gain + t));
+                _mm512_storeu_ps(wn + r * TOKENS + t, _mm512_mul_ps(x, _mm512_maskz_loadu_ps(m, len + t)));
+                _mm512_storeu_ps(wg + r * TOKENS + t, g);
+                s = _mm512_add_ps(s, g);
             }
-            wsum[r] = s;
+            wsum[r] = _mm512_reduce_add_ps(s);
         }
         float *ar = acc + (size_t)r0 * 2 * d;
         if (bits == 2) accum_b2(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
