@@ -82,79 +82,79 @@ static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0)
     return _mm512_srli_epi32(load_bytes(c + s2 + i0 - s1), 1); /* i0 < s2 = 2 s1: no division */
 }
 
-/* The sums of a[0..7] (16 lanes each) as 8 floats in that order. */
-static ALWAYS_INLINE __m256 sum8(const __m512 *a) {
-    __m512 b[4], c[2];
-    for (int i = 0; i < 4; i++) /* {a(2i) low + high half, a(2i+1) ...} */
+/* The sums of a[0..15] (16 lanes each) as the lanes of one vector, in
+ * that order: four levels of shuffles and adds. */
+static ALWAYS_INLINE __m512 sum16(const __m512 *a) {
+    __m512 b[8], c[4], e[2];
+    for (int i = 0; i < 8; i++) /* 256-bit halves: a(2i) | a(2i+1), 8 partials each */
         b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
                              _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-    for (int i = 0; i < 2; i++) /* 128-bit lane j: 4 partials of a(4i + j) */
+    for (int i = 0; i < 4; i++) /* 128-bit lane j: 4 partials of a(4i + j) */
         c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
                              _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-    __m512 e = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
-    e = _mm512_add_ps(e, _mm512_permute_ps(e, 0xB1)); /* lane 4j: a(j), lane 4j + 2: a(4 + j) */
-    const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_castps512_ps256(_mm512_permutexvar_ps(pick, e));
+    for (int i = 0; i < 2; i++) /* lane j: 2 partials each of a(8i + j), a(8i + 4 + j) */
+        e[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x88),
+                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xDD));
+    /* lane 4 j + m: a(4 m + j) */
+    return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));
 }
 
-/* Scores of tokens [0, n) for R rows (1..4). qs: the rows' rotated q in
- * reading order (16 floats per (i0, slot, row)); v2: 2 S R q per row (d
- * floats, rows d apart); vsum: sum_i (S R q)_i per row. */
+/* Scores of tokens [0, n) for R rows (1..4), four tokens a step, so each
+ * load of q or of 2 S R q serves four tokens: the (token t, row r) sums
+ * sit in a[4 t + r] and come out of sum16 at lane 4 r + t, the codes' and
+ * the signs' one after the other. qs: the rows' rotated q in reading order
+ * (16 floats per (i0, slot, row)); v2: 2 S R q per row (d floats, rows d
+ * apart); vsum: sum_i (S R q)_i per row. */
 static ALWAYS_INLINE void score_rows(const int B, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
                                      __m512 tab, const float *len, const float *gain, int n, const float *qs,
                                      const float *v2, const float *vsum, float *logits, int ld) {
     int s2 = d / 4, s1 = d / 8;
-    float vv[8] = {0};
-    for (int r = 0; r < R; r++) vv[2 * r] = vv[2 * r + 1] = vsum[r];
-    const __m256 vs = _mm256_loadu_ps(vv);
-    for (int j = 0; j < n; j += 2) {
-        /* an odd count scores the last token twice and keeps one */
-        int j1 = j + 1 < n ? j + 1 : j;
-        const uint8_t *c[2] = {codes + (size_t)j * cb, codes + (size_t)j1 * cb};
-        __m512 tb[2] = {_mm512_mul_ps(tab, _mm512_set1_ps(len[j])), _mm512_mul_ps(tab, _mm512_set1_ps(len[j1]))};
-        __m512 ac[8], as[8]; /* (row r, token t) at 2 r + t */
-        for (int i = 0; i < 8; i++) ac[i] = as[i] = _mm512_setzero_ps();
+    float vv[16] = {0};
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < 4; t++) vv[4 * r + t] = vsum[r];
+    const __m512 vs = _mm512_loadu_ps(vv);
+    for (int j = 0; j < n; j += 4) {
+        /* a short last step repeats its last token and stores fewer */
+        int cnt = n - j < 4 ? n - j : 4;
+        __mmask8 keep = (__mmask8)((1u << cnt) - 1);
+        const uint8_t *c[4];
+        for (int t = 0; t < 4; t++) c[t] = codes + (size_t)(j + (t < cnt ? t : cnt - 1)) * cb;
+        __m512 a[16];
+        for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
         const float *qp = qs;
         for (int i0 = 0; i0 < s2; i0 += 16) {
-            __m512i lo[2], hi[2];
-            for (int t = 0; t < 2; t++) {
+            __m512i lo[4], hi[4];
+            for (int t = 0; t < 4; t++) {
                 lo[t] = load_bytes(c[t] + i0);
                 hi[t] = B == 3 ? load_high(c[t], s2, s1, i0) : lo[t];
             }
             for (int s = 0; s < 4; s++) {
-                __m512 lev[2];
-                for (int t = 0; t < 2; t++) lev[t] = _mm512_permutexvar_ps(slot_index(B, lo[t], hi[t], s), tb[t]);
+                __m512 lev[4];
+                for (int t = 0; t < 4; t++) lev[t] = _mm512_permutexvar_ps(slot_index(B, lo[t], hi[t], s), tab);
                 for (int r = 0; r < R; r++, qp += 16) {
                     __m512 q = _mm512_loadu_ps(qp);
-                    for (int t = 0; t < 2; t++) ac[2 * r + t] = _mm512_fmadd_ps(q, lev[t], ac[2 * r + t]);
+                    for (int t = 0; t < 4; t++) a[4 * t + r] = _mm512_fmadd_ps(q, lev[t], a[4 * t + r]);
                 }
             }
         }
+        __m512 codes_sum = sum16(a);
+        for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
         for (int g = 0; g < d / 16; g++) {
-            __mmask16 k[2] = {sign_mask(c[0] + soff, g), sign_mask(c[1] + soff, g)};
+            __mmask16 k[4];
+            for (int t = 0; t < 4; t++) k[t] = sign_mask(c[t] + soff, g);
             for (int r = 0; r < R; r++) {
                 __m512 v = _mm512_loadu_ps(v2 + (size_t)r * d + 16 * g);
-                for (int t = 0; t < 2; t++) as[2 * r + t] = _mm512_mask_add_ps(as[2 * r + t], k[t], as[2 * r + t], v);
+                for (int t = 0; t < 4; t++) a[4 * t + r] = _mm512_mask_add_ps(a[4 * t + r], k[t], a[4 * t + r], v);
             }
         }
-        for (int r = 0; r < R; r++) {
-            ac[2 * r] = _mm512_fmadd_ps(as[2 * r], _mm512_set1_ps(gain[j]), ac[2 * r]);
-            ac[2 * r + 1] = _mm512_fmadd_ps(as[2 * r + 1], _mm512_set1_ps(gain[j1]), ac[2 * r + 1]);
-        }
-        /* norm * codes + gain * (2 sum_{+1} v - sum v) */
-        __m256 gv = _mm256_setr_ps(gain[j], gain[j1], gain[j], gain[j1], gain[j], gain[j1], gain[j], gain[j1]);
-        __m256 sc = _mm256_fnmadd_ps(gv, vs, sum8(ac));
-        __m128 lo = _mm256_castps256_ps128(sc), hi = _mm256_extractf128_ps(sc, 1);
-        if (j1 != j) {
-            _mm_storel_pi((__m64 *)(logits + j), lo);
-            if (R > 1) _mm_storeh_pi((__m64 *)(logits + (size_t)ld + j), lo);
-            if (R > 2) _mm_storel_pi((__m64 *)(logits + 2 * (size_t)ld + j), hi);
-            if (R > 3) _mm_storeh_pi((__m64 *)(logits + 3 * (size_t)ld + j), hi);
-        } else {
-            float out[8];
-            _mm256_storeu_ps(out, sc);
-            for (int r = 0; r < R; r++) logits[(size_t)r * ld + j] = out[2 * r];
-        }
+        /* len * codes + gain * (2 sum_{+1} v - sum v), lane 4 r + t */
+        __m512 ln = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(keep, len + j));
+        __m512 gn = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(keep, gain + j));
+        __m512 sc = _mm512_fmadd_ps(gn, _mm512_sub_ps(sum16(a), vs), _mm512_mul_ps(ln, codes_sum));
+        _mm_mask_storeu_ps(logits + j, keep, _mm512_castps512_ps128(sc));
+        if (R > 1) _mm_mask_storeu_ps(logits + (size_t)ld + j, keep, _mm512_extractf32x4_ps(sc, 1));
+        if (R > 2) _mm_mask_storeu_ps(logits + 2 * (size_t)ld + j, keep, _mm512_extractf32x4_ps(sc, 2));
+        if (R > 3) _mm_mask_storeu_ps(logits + 3 * (size_t)ld + j, keep, _mm512_extractf32x4_ps(sc, 3));
     }
 }
 
