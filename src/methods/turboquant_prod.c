@@ -19,7 +19,10 @@
  * same pass over the tokens). Values: accum adds the codebook part in the
  * rotated domain and the sign part in the sketch domain, side by side in a
  * 2 d accumulator row; finish_rows adds S^T of the sign part and applies
- * R^T, d^2 work per output row and attention call. */
+ * R^T, d^2 work per output row and attention call. At the avx512 level
+ * (2- and 3-bit codes, d a multiple of 128) prep_query gives 2 S R q and
+ * its sums instead of the tables, and kernels/cpu/prod_avx512.c takes the
+ * signs as mask registers. */
 #include "pack.h"
 #include "rotated.h"
 
