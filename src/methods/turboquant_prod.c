@@ -20,7 +20,7 @@
  * rotated domain and the sign part in the sketch domain, side by side in a
  * 2 d accumulator row; finish_rows adds S^T of the sign part and applies
  * R^T, d^2 work per output row and attention call. At the avx512 level
- * (2- and 3-bit codes, d a multiple of 128) prep_query gives 2 S R q and
+ * (d a multiple of 128) prep_query gives 2 S R q and
  * its sums instead of the tables, and kernels/cpu/prod_avx512.c takes the
  * signs as mask registers. */
 #include "pack.h"
@@ -131,12 +131,12 @@ static void prod_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0,
     }
 }
 
-/* Whether attention runs the AVX-512 kernels: 2- and 3-bit codes (bits=3,
- * 4) at head dims that are multiples of 128. They score the signs with
- * masked adds of 2 S R q (no tables), so the prepared rows differ. */
+/* Whether attention runs the AVX-512 kernels: head dims that are multiples
+ * of 128. They score the signs with masked adds of 2 S R q (no tables), so
+ * the prepared rows differ. */
 static bool avx512_kernels(const vq_mparams *p) {
 #if defined(__x86_64__)
-    return vq_cpu_has_avx512() && p->bits >= 3 && p->head_dim % 128 == 0;
+    return vq_cpu_has_avx512() && p->head_dim % 128 == 0;
 #else
     (void)p;
     return false;

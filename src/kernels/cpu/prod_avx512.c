@@ -1,5 +1,5 @@
-/* AVX-512 attention kernels of tq-prod (methods/turboquant_prod.c) for 2-
- * and 3-bit codes (tq-prod bits=3, 4) and a sign sketch of m = d signs a
+/* AVX-512 attention kernels of tq-prod (methods/turboquant_prod.c) for 1-,
+ * 2- and 3-bit codes (tq-prod bits=2..4) and a sign sketch of m = d signs a
  * token, d a multiple of 128. Built with the AVX-512 flags and only called
  * at the avx512 CPU level.
  *
@@ -8,7 +8,8 @@
  * are shifted down, for 3-bit codes the high bit (1-bit planes) is shifted
  * to bit 2 and merged in with one vpternlogd, and one vpermps looks the
  * level up in the codebook replicated to 16 entries (bits above the code
- * select a copy, so they need no mask).
+ * select a copy, so they need no mask). 1-bit codes: bit s of 16 code bytes
+ * as a mask (vptestmb) picks one of the two levels (a masked blend).
  *
  * Signs: the 16 sign bits of 16 sketch channels are a mask register as they
  * lie in memory (bit i in byte i / 8 at bit i % 8), so
@@ -84,6 +85,27 @@ static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0)
     return _mm512_srli_epi32(load_bytes(c + s2 + i0 - s1), 1); /* i0 < s2 = 2 s1: no division */
 }
 
+/* One 16-channel step of a token's codes, i0 bytes into each slot: B = 2,
+ * 3: the 2-bit plane bytes (lo) and the 1-bit plane bytes (hi, B = 3) as
+ * lanes; B = 1: the 16 bytes as they are (x). */
+static ALWAYS_INLINE void load_step(const int B, const uint8_t *c, int d, int i0, __m512i *lo, __m512i *hi,
+                                    __m128i *x) {
+    *lo = *hi = _mm512_setzero_si512();
+    *x = _mm_setzero_si128();
+    if (B == 1) *x = _mm_loadu_si128((const __m128i *)(c + i0));
+    else *lo = load_bytes(c + i0);
+    if (B == 3) *hi = load_high(c, d / 4, d / 8, i0);
+}
+
+/* Levels of slot s of a step (load_step). 1-bit codes: bit s of each byte
+ * as a mask (vptestmb) picks t1 over t0 (the two levels broadcast), no
+ * shift and no lookup. */
+static ALWAYS_INLINE __m512 slot_levels(const int B, __m512i lo, __m512i hi, __m128i x, const int s, __m512 tab,
+                                        __m512 t0, __m512 t1) {
+    if (B == 1) return _mm512_mask_blend_ps(_mm_test_epi8_mask(x, _mm_set1_epi8((char)(1 << s))), t0, t1);
+    return _mm512_permutexvar_ps(slot_index(B, lo, hi, s), tab);
+}
+
 /* The sums of a[0..15] (16 lanes each) as the lanes of one vector, in
  * that order: four levels of shuffles and adds. */
 static ALWAYS_INLINE __m512 sum16(const __m512 *a) {
@@ -110,7 +132,10 @@ static ALWAYS_INLINE __m512 sum16(const __m512 *a) {
 static ALWAYS_INLINE void score_rows(const int B, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
                                      __m512 tab, const float *len, const float *gain, int n, const float *qs,
                                      const float *v2, const float *vsum, float *logits, int ld) {
-    int s2 = d / 4, s1 = d / 8;
+    /* bytes of a slot's plane and slots a byte (3-bit codes: of the 2-bit planes) */
+    const int st = B == 1 ? d / 8 : d / 4, ns = B == 1 ? 8 : 4;
+    const __m512 t0 = _mm512_permutexvar_ps(_mm512_set1_epi32(0), tab);
+    const __m512 t1 = _mm512_permutexvar_ps(_mm512_set1_epi32(1), tab);
     float vv[16] = {0};
     for (int r = 0; r < R; r++)
         for (int t = 0; t < 4; t++) vv[4 * r + t] = vsum[r];
@@ -124,15 +149,13 @@ static ALWAYS_INLINE void score_rows(const int B, const int R, const uint8_t *co
         __m512 a[16];
         for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
         const float *qp = qs;
-        for (int i0 = 0; i0 < s2; i0 += 16) {
+        for (int i0 = 0; i0 < st; i0 += 16) {
             __m512i lo[4], hi[4];
-            for (int t = 0; t < 4; t++) {
-                lo[t] = load_bytes(c[t] + i0);
-                hi[t] = B == 3 ? load_high(c[t], s2, s1, i0) : lo[t];
-            }
-            for (int s = 0; s < 4; s++) {
+            __m128i x[4];
+            for (int t = 0; t < 4; t++) load_step(B, c[t], d, i0, &lo[t], &hi[t], &x[t]);
+            for (int s = 0; s < ns; s++) {
                 __m512 lev[4];
-                for (int t = 0; t < 4; t++) lev[t] = _mm512_permutexvar_ps(slot_index(B, lo[t], hi[t], s), tab);
+                for (int t = 0; t < 4; t++) lev[t] = slot_levels(B, lo[t], hi[t], x[t], s, tab, t0, t1);
                 for (int r = 0; r < R; r++, qp += 16) {
                     __m512 q = _mm512_loadu_ps(qp);
                     for (int t = 0; t < 4; t++) a[4 * t + r] = _mm512_fmadd_ps(q, lev[t], a[4 * t + r]);
@@ -161,11 +184,22 @@ static ALWAYS_INLINE void score_rows(const int B, const int R, const uint8_t *co
 }
 
 /* Copies R rows of rotated q (d apart) into qs in score_rows' reading order. */
-static void prep_q(const float *q, int d, const int R, float *qs) {
-    int s2 = d / 4;
-    for (int i0 = 0; i0 < s2; i0 += 16)
-        for (int s = 0; s < 4; s++)
-            for (int r = 0; r < R; r++, qs += 16) memcpy(qs, q + (size_t)r * d + s * s2 + i0, 16 * sizeof(float));
+static void prep_q(const float *q, int d, int bits, const int R, float *qs) {
+    int st = bits == 1 ? d / 8 : d / 4, ns = bits == 1 ? 8 : 4;
+    for (int i0 = 0; i0 < st; i0 += 16)
+        for (int s = 0; s < ns; s++)
+            for (int r = 0; r < R; r++, qs += 16) memcpy(qs, q + (size_t)r * d + s * st + i0, 16 * sizeof(float));
+}
+
+static NOINLINE void score_b1(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *len,
+                              const float *gain, int n, const float *qs, const float *v2, const float *vsum,
+                              float *logits, int ld) {
+    switch (R) {
+    case 4: score_rows(1, 4, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 3: score_rows(1, 3, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 2: score_rows(1, 2, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    default: score_rows(1, 1, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    }
 }
 
 static NOINLINE void score_b2(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *len,
@@ -192,7 +226,7 @@ static NOINLINE void score_b3(int R, const uint8_t *codes, size_t cb, size_t sof
 
 /* logits[r * ld + t] = len[t] * <rq_r, levels of token t's codes> +
  * gain[t] * <v_r, signs of token t> for r < rows, t < n, where v2 rows
- * hold 2 v_r and vsum[r] = sum_i v_r[i]. Token t's bits-bit codes (2 or 3)
+ * hold 2 v_r and vsum[r] = sum_i v_r[i]. Token t's bits-bit codes (1..3)
  * start at codes + t * cb, its d signs soff bytes further. scratch: 4 d
  * floats. */
 void vq_prod_score_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits, const float *levels, int d,
@@ -201,33 +235,37 @@ void vq_prod_score_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits
     __m512 tab = replicated(levels, bits);
     for (int r = 0; r < rows; r += 4) {
         int R = rows - r < 4 ? rows - r : 4;
-        prep_q(rq + (size_t)r * d, d, R, scratch);
+        prep_q(rq + (size_t)r * d, d, bits, R, scratch);
         const float *vr = v2 + (size_t)r * d;
         float *lr = logits + (size_t)r * ld;
-        if (bits == 2) score_b2(R, codes, cb, soff, d, tab, len, gain, n, scratch, vr, vsum + r, lr, ld);
+        if (bits == 1) score_b1(R, codes, cb, soff, d, tab, len, gain, n, scratch, vr, vsum + r, lr, ld);
+        else if (bits == 2) score_b2(R, codes, cb, soff, d, tab, len, gain, n, scratch, vr, vsum + r, lr, ld);
         else score_b3(R, codes, cb, soff, d, tab, len, gain, n, scratch, vr, vsum + r, lr, ld);
     }
 }
 
-/* One slice of the values for R rows: code channels s s2 + i0 .. + 15 for
+/* One slice of the values for R rows: code channels s st + i0 .. + 15 for
  * slots s0, s0 + 1 into acc (rows as apart) and sketch channels 16 g0 ..
  * 16 g0 + 31 into acc + d. wn, wg: the weights times norm and gain per row
  * (TOKENS apart), wsum[r] = sum_t wg[r][t]. */
 static ALWAYS_INLINE void accum_slice(const int B, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
                                       __m512 tab, const float *wn, const float *wg, const float *wsum, int n,
                                       float *acc, size_t as, int i0, const int s0, int g0) {
-    int s2 = d / 4, s1 = d / 8;
+    const int st = B == 1 ? d / 8 : d / 4; /* bytes of a slot's plane */
+    const __m512 t0 = _mm512_permutexvar_ps(_mm512_set1_epi32(0), tab);
+    const __m512 t1 = _mm512_permutexvar_ps(_mm512_set1_epi32(1), tab);
     __m512 a[8], z[8]; /* (row r, slot or sketch run k) at 2 r + k */
     for (int r = 0; r < R; r++)
         for (int k = 0; k < 2; k++) {
-            a[2 * r + k] = _mm512_loadu_ps(acc + (size_t)r * as + (s0 + k) * s2 + i0);
+            a[2 * r + k] = _mm512_loadu_ps(acc + (size_t)r * as + (s0 + k) * st + i0);
             z[2 * r + k] = _mm512_setzero_ps();
         }
     for (int t = 0; t < n; t++) {
         const uint8_t *c = codes + (size_t)t * cb;
-        __m512i lo = load_bytes(c + i0), hi = B == 3 ? load_high(c, s2, s1, i0) : lo;
-        __m512 lev[2] = {_mm512_permutexvar_ps(slot_index(B, lo, hi, s0), tab),
-                         _mm512_permutexvar_ps(slot_index(B, lo, hi, s0 + 1), tab)};
+        __m512i lo, hi;
+        __m128i x;
+        load_step(B, c, d, i0, &lo, &hi, &x);
+        __m512 lev[2] = {slot_levels(B, lo, hi, x, s0, tab, t0, t1), slot_levels(B, lo, hi, x, s0 + 1, tab, t0, t1)};
         __mmask16 k[2] = {sign_mask(c + soff, g0), sign_mask(c + soff, g0 + 1)};
         for (int r = 0; r < R; r++) {
             __m512 w = _mm512_set1_ps(wn[r * TOKENS + t]), u = _mm512_set1_ps(wg[r * TOKENS + t]);
@@ -240,7 +278,7 @@ static ALWAYS_INLINE void accum_slice(const int B, const int R, const uint8_t *c
     /* sum_t wg_t s_t = 2 sum_{s = +1} wg_t - sum_t wg_t */
     for (int r = 0; r < R; r++)
         for (int k = 0; k < 2; k++) {
-            _mm512_storeu_ps(acc + (size_t)r * as + (s0 + k) * s2 + i0, a[2 * r + k]);
+            _mm512_storeu_ps(acc + (size_t)r * as + (s0 + k) * st + i0, a[2 * r + k]);
             float *zp = acc + (size_t)r * as + d + 16 * (g0 + k);
             __m512 base = _mm512_sub_ps(_mm512_loadu_ps(zp), _mm512_set1_ps(wsum[r]));
             _mm512_storeu_ps(zp, _mm512_fmadd_ps(z[2 * r + k], _mm512_set1_ps(2.0f), base));
@@ -250,10 +288,28 @@ static ALWAYS_INLINE void accum_slice(const int B, const int R, const uint8_t *c
 static ALWAYS_INLINE void accum_rows(const int B, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
                                      __m512 tab, const float *wn, const float *wg, const float *wsum, int n,
                                      float *acc, size_t as) {
-    int s2 = d / 4, g = 0;
-    for (int i0 = 0; i0 < s2; i0 += 16, g += 4) {
+    /* two slots and two runs of 16 signs a slice: d / 32 slices */
+    const int st = B == 1 ? d / 8 : d / 4;
+    int g = 0;
+    for (int i0 = 0; i0 < st; i0 += 16) {
         accum_slice(B, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 0, g);
         accum_slice(B, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 2, g + 2);
+        g += 4;
+        if (B == 1) {
+            accum_slice(B, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 4, g);
+            accum_slice(B, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 6, g + 2);
+            g += 4;
+        }
+    }
+}
+
+static NOINLINE void accum_b1(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *wn,
+                              const float *wg, const float *wsum, int n, float *acc, size_t as) {
+    switch (R) {
+    case 4: accum_rows(1, 4, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 3: accum_rows(1, 3, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 2: accum_rows(1, 2, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    default: accum_rows(1, 1, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
     }
 }
 
@@ -300,7 +356,8 @@ void vq_prod_accum_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits
             wsum[r] = _mm512_reduce_add_ps(s);
         }
         float *ar = acc + (size_t)r0 * 2 * d;
-        if (bits == 2) accum_b2(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
+        if (bits == 1) accum_b1(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
+        else if (bits == 2) accum_b2(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
         else accum_b3(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
     }
 }
