@@ -148,7 +148,8 @@ static bool avx512_kernels(const vq_mparams *p) {
  * too. Only for 1-bit codes (bits=2): 64 KB for four rows at d = 128. The
  * 2-bit codes' tables (128 KB, besides the signs' 64 KB) measured slower
  * than the codes kernel in cache (tq-prod 3-bit 68.5 -> 71.4 ns), the
- * 1-bit ones faster (68.1 -> 60.7 ns). */
+ * 1-bit ones faster (68.1 -> 60.7 ns). Not used by the AVX-512 kernels
+ * (avx512_kernels), which take 1-bit codes as masks. */
 static bool codes_tabled(const vq_mparams *p) { return p->bits == 2; }
 
 /* Prepared rows: the sign tables of S R q (rotated.h), then the rows of
