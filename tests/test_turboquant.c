@@ -506,7 +506,7 @@ static double attend_case(const char *spec, int hq, int hkv, int d, int seq, int
 }
 
 static void test_attend(void) {
-    const char *specs[] = {"tq-mse:bits=3", "tq-mse:bits=2.5", "tq-prod:bits=3", "rvq:bits=1", "polar",
+    const char *specs[] = {"tq-mse:bits=3", "tq-mse:bits=2.5", "tq-prod:bits=3", "tq-prod:bits=4", "rvq:bits=1", "polar",
                            "k=qjl:outliers=2;v=tq-mse:bits=4", "k=tq-mse:bits=4;v=kivi:bits=2",
                            "k=kivi:bits=4;v=rvq:bits=2,residual=16"};
     vq_pool *pool;
@@ -538,7 +538,7 @@ int main(int argc, char **argv) {
             if (!strstr(all_specs[s], "qjl")) test_round_trip(all_specs[s], dims[i], true);
         }
     vq_cpu_level best = vq_cpu_detect();
-    for (int lvl = VQ_CPU_SCALAR; lvl <= (best >= VQ_CPU_AVX2 ? VQ_CPU_AVX2 : VQ_CPU_SCALAR); lvl++) {
+    for (int lvl = VQ_CPU_SCALAR; lvl <= best; lvl++) {
         vq_cpu_set_level((vq_cpu_level)lvl);
         test_signs();
         for (int s = 0; s < N_SPECS; s++)

@@ -361,6 +361,18 @@ void vq_project(const float *s, int m, int d, const float *x, float *y) {
     for (int i = 0; i < m; i++) y[i] = vq_vec_dot(s + (size_t)i * d, x, d);
 }
 
+void vq_project_rows(const float *s, int m, int d, const float *x, size_t xs, int rows, float *y, size_t ys) {
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        for (int i = 0; i < m; i++) {
+            float o[4];
+            dot4(s + (size_t)i * d, x + (size_t)r * xs, xs, d, o);
+            for (int k = 0; k < 4; k++) y[(size_t)(r + k) * ys + i] = o[k];
+        }
+    for (; r < rows; r++)
+        for (int i = 0; i < m; i++) y[(size_t)r * ys + i] = dot(s + (size_t)i * d, x + (size_t)r * xs, d);
+}
+
 void vq_project_transpose_add(const float *s, int m, int d, const float *y, float *x) {
 #if defined(__x86_64__)
     if (vq_cpu_has_avx2()) {

@@ -123,6 +123,9 @@ void vq_signs_axpy(const uint8_t *signs, int m, float w, float *acc);
 
 /* y[0..m) = S x for the m x d row-major S. */
 void vq_project(const float *s, int m, int d, const float *x, float *y);
+/* y_r = S x_r for `rows` vectors (x_r at x + r * xs, y_r at y + r * ys),
+ * each row of S read once for four vectors where AVX2 is present. */
+void vq_project_rows(const float *s, int m, int d, const float *x, size_t xs, int rows, float *y, size_t ys);
 /* x[0..d) += S^T y for the m x d row-major S. */
 void vq_project_transpose_add(const float *s, int m, int d, const float *y, float *x);
 
