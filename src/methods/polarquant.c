@@ -50,6 +50,12 @@ void vq_polar_score_avx2(const float cs[][16], const float sn[][16], const uint1
                          size_t cb, int d, int n, const float *q, int rows, float *logits, int ld);
 void vq_polar_accum_avx2(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
                          size_t cb, int d, int n, const float *w, int ld, int rows, float *acc);
+/* kernels/cpu/polar_avx512.c: the same two, two tokens a vector, at the
+ * avx512 CPU level. */
+void vq_polar_score_avx512(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
+                           size_t cb, int d, int n, const float *q, int rows, float *logits, int ld);
+void vq_polar_accum_avx512(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
+                           size_t cb, int d, int n, const float *w, int ld, int rows, float *acc);
 
 static const char NAME[] = "polar";
 static const double TWO_PI = 6.283185307179586;
@@ -319,8 +325,12 @@ static void polar_score(const vq_mparams *p, const float *q, int rows, const uin
     const uint16_t *rad = (const uint16_t *)blk;
     (void)scratch;
     if (avx2_covered(p)) {
-        vq_polar_score_avx2(p->angle_cos, p->angle_sin, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0),
-                            code_bytes(p), d, n, q, rows, logits, ld);
+        if (vq_cpu_has_avx512())
+            vq_polar_score_avx512(p->angle_cos, p->angle_sin, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0),
+                                  code_bytes(p), d, n, q, rows, logits, ld);
+        else
+            vq_polar_score_avx2(p->angle_cos, p->angle_sin, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0),
+                                code_bytes(p), d, n, q, rows, logits, ld);
         return;
     }
     float val[1024];
@@ -341,8 +351,12 @@ static void polar_accum(const vq_mparams *p, const float *w, int ld, int rows, c
     const uint16_t *rad = (const uint16_t *)blk;
     (void)scratch;
     if (avx2_covered(p)) {
-        vq_polar_accum_avx2(p->angle_cos, p->angle_sin, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0),
-                            code_bytes(p), d, n, w, ld, rows, acc);
+        if (vq_cpu_has_avx512())
+            vq_polar_accum_avx512(p->angle_cos, p->angle_sin, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0),
+                                  code_bytes(p), d, n, w, ld, rows, acc);
+        else
+            vq_polar_accum_avx2(p->angle_cos, p->angle_sin, rad + (size_t)t0 * nb, codes_at(p, blk, bt, t0),
+                                code_bytes(p), d, n, w, ld, rows, acc);
         return;
     }
     float val[1024];

@@ -1,0 +1,275 @@
+/* polar_avx2.c's PolarQuant kernels (4 levels, 4/2/2/2 angle bits, d a
+ * multiple of 128) with two tokens a register: lanes 0-7 hold the 8
+ * coordinate blocks of a lane group for one token, lanes 8-15 the same
+ * blocks of the next token, so every instruction rebuilds and uses twice
+ * the coordinates. The prepared query rows and the accumulator rows keep
+ * polar_avx2.c's coordinate order (polarquant.c's avx2_pos); a query's 8
+ * blocks are broadcast to both halves, and the values' two halves are
+ * added before they meet memory. Level 1 looks its 16 angles up whole with
+ * vpermps (its table holds a_(c+8) = a_c + pi already), where the AVX2
+ * kernel looks up 8 and flips the sign: the same products. Built with the
+ * AVX-512 flags and only called at the avx512 CPU level. */
+#include "vq_internal.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+/* cos and sin tables by level (vq_mparams' angle_cos, angle_sin: 16
+ * entries each, a level's table repeated past its count). */
+typedef struct {
+    __m512 c1, s1, c2, s2, c3, s3, c4, s4;
+} trig16;
+
+static trig16 load_trig(const float cs[][16], const float sn[][16]) {
+    trig16 r = {_mm512_loadu_ps(cs[0]), _mm512_loadu_ps(sn[0]), _mm512_loadu_ps(cs[1]), _mm512_loadu_ps(sn[1]),
+                _mm512_loadu_ps(cs[2]), _mm512_loadu_ps(sn[2]), _mm512_loadu_ps(cs[3]), _mm512_loadu_ps(sn[3])};
+    return r;
+}
+
+/* Two 8-lane halves as one vector. */
+static ALWAYS_INLINE __m512i join_i(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* The 8 floats at p in both halves. */
+static ALWAYS_INLINE __m512 both_halves(const float *p) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)p)));
+}
+
+/* The codes of lane group g (blocks 8g..8g+7) of tokens a and b, nb blocks
+ * a token: one lane per block and token, each level's codes in the low
+ * bits (polar_avx2.c's load_codes8 for two tokens). */
+typedef struct {
+    __m512i l1, l2, l3, l4;
+} codes16;
+
+static ALWAYS_INLINE codes16 load_codes16(const uint8_t *a, const uint8_t *b, int nb, int g) {
+    codes16 x;
+    uint32_t u3a, u3b;
+    uint16_t u4a, u4b;
+    memcpy(&u3a, a + 5 * nb + 4 * g, sizeof u3a);
+    memcpy(&u3b, b + 5 * nb + 4 * g, sizeof u3b);
+    memcpy(&u4a, a + 5 * nb + nb / 2 + 2 * g, sizeof u4a);
+    memcpy(&u4b, b + 5 * nb + nb / 2 + 2 * g, sizeof u4b);
+    x.l1 = join_i(_mm256_loadu_si256((const __m256i *)(a + 32 * g)), _mm256_loadu_si256((const __m256i *)(b + 32 * g)));
+    x.l2 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(a + 4 * nb + 8 * g)),
+                                                   _mm_loadl_epi64((const __m128i *)(b + 4 * nb + 8 * g))));
+    const __m512i sh3 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    const __m512i sh4 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    x.l3 = _mm512_srlv_epi32(join_i(_mm256_set1_epi32((int)u3a), _mm256_set1_epi32((int)u3b)), sh3);
+    x.l4 = _mm512_srlv_epi32(join_i(_mm256_set1_epi32((int)u4a), _mm256_set1_epi32((int)u4b)), sh4);
+    return x;
+}
+
+/* The radii of lane group g of tokens a and b (fp16, nb a token). */
+static ALWAYS_INLINE __m512 load_rad16(const uint16_t *ra, const uint16_t *rb, int g) {
+    __m256i h = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(rb + 8 * g)),
+                                 _mm_loadu_si128((const __m128i *)(ra + 8 * g)));
+    return _mm512_cvtph_ps(h);
+}
+
+/* The radius times the cosines and sines of levels 4 and 3: the parents of
+ * the 4 level-2 nodes. */
+static ALWAYS_INLINE void top_levels(const trig16 *tr, const codes16 *x, __m512 rad, __m512 a3[4]) {
+    __m512 a4[2] = {_mm512_mul_ps(rad, _mm512_permutevar_ps(tr->c4, x->l4)),
+                    _mm512_mul_ps(rad, _mm512_permutevar_ps(tr->s4, x->l4))};
+    for (int j = 0; j < 2; j++) {
+        __m512i idx = _mm512_srli_epi32(x->l3, 2 * j);
+        a3[2 * j] = _mm512_mul_ps(a4[j], _mm512_permutevar_ps(tr->c3, idx));
+        a3[2 * j + 1] = _mm512_mul_ps(a4[j], _mm512_permutevar_ps(tr->s3, idx));
+    }
+}
+
+/* The parents of level-1 nodes 2j and 2j + 1 from level-2 node j. */
+static ALWAYS_INLINE void level2(const trig16 *tr, const codes16 *x, __m512 parent, int j, __m512 *p0, __m512 *p1) {
+    __m512i idx = _mm512_srli_epi32(x->l2, 2 * j);
+    *p0 = _mm512_mul_ps(parent, _mm512_permutevar_ps(tr->c2, idx));
+    *p1 = _mm512_mul_ps(parent, _mm512_permutevar_ps(tr->s2, idx));
+}
+
+/* Coordinates 2j and 2j + 1 of the 16 blocks from level-1 node j (its
+ * code: bits 4j.. of l1). */
+static ALWAYS_INLINE void leaf_pair(const trig16 *tr, __m512i l1, __m512 parent, int j, __m512 *v0, __m512 *v1) {
+    __m512i idx = _mm512_srli_epi32(l1, 4 * j);
+    *v0 = _mm512_mul_ps(parent, _mm512_permutexvar_ps(idx, tr->c1));
+    *v1 = _mm512_mul_ps(parent, _mm512_permutexvar_ps(idx, tr->s1));
+}
+
+/* acc[r + 4 (i & 1)] += q_r . v for coordinates i = 2j, 2j + 1 of level-1
+ * node j (polar_avx2.c's score_node). qg: the lane group's q, [i][r][8]. */
+static ALWAYS_INLINE void score_node(const trig16 *tr, const codes16 *x, __m512 parent, int j, const float *qg,
+                                     const int R, __m512 *acc) {
+    __m512 v0, v1;
+    leaf_pair(tr, x->l1, parent, j, &v0, &v1);
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm512_fmadd_ps(both_halves(qg + ((2 * j) * R + r) * 8), v0, acc[r]);
+        acc[r + 4] = _mm512_fmadd_ps(both_halves(qg + ((2 * j + 1) * R + r) * 8), v1, acc[r + 4]);
+    }
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static ALWAYS_INLINE __m256 lo_half(__m512 v) { return _mm512_castps512_ps256(v); }
+static ALWAYS_INLINE __m256 hi_half(__m512 v) {
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+/* logits[r][t0 + k] = the lane sum of part[r][k] for 4 rows and cnt <= 8
+ * tokens (polar_avx2.c's sum_parts). part: [row][token][8 lanes]. */
+static void sum_parts(const float *part, int t0, int cnt, float *logits, int ld) {
+    for (int r = 0; r < 4; r++) {
+        const float *p = part + r * 64;
+        __m256 v[8];
+        for (int k = 0; k < 8; k++) v[k] = _mm256_loadu_ps(p + 8 * k);
+        __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+        __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+        __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+        float *l = logits + (size_t)r * ld + t0;
+        if (cnt == 8) {
+            _mm256_storeu_ps(l, s);
+        } else {
+            float o[8];
+            _mm256_storeu_ps(o, s);
+            memcpy(l, o, sizeof(float) * (size_t)cnt);
+        }
+    }
+}
+
+/* Scores n tokens for R rows (4 or 1) of q ([g][i][r][8]), two tokens a
+ * step (an odd last token paired with itself, its second copy unused). */
+static ALWAYS_INLINE void score_rows(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d,
+                                     int n, const float *q, const int R, float *logits, int ld) {
+    int nb = d / 16;
+    float part[4 * 8 * 8]; /* a short last group sums old or zero lanes, never stored */
+    if (R == 4 && n % 8) memset(part, 0, sizeof part);
+    for (int t = 0; t < n; t += 2) {
+        const int tb = t + 1 < n ? t + 1 : t;
+        const uint8_t *ca = codes + (size_t)t * cb, *cbt = codes + (size_t)tb * cb;
+        __m512 acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
+        for (int g = 0; g < nb / 8; g++) {
+            codes16 x = load_codes16(ca, cbt, nb, g);
+            __m512 a3[4];
+            top_levels(tr, &x, load_rad16(rad + (size_t)t * nb, rad + (size_t)tb * nb, g), a3);
+            const float *qg = q + (size_t)g * 128 * R;
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m512 p0, p1;
+                level2(tr, &x, a3[j], j, &p0, &p1);
+                score_node(tr, &x, p0, 2 * j, qg, R, acc);
+                score_node(tr, &x, p1, 2 * j + 1, qg, R, acc);
+            }
+        }
+        if (R == 1) {
+            __m512 s = _mm512_add_ps(acc[0], acc[4]);
+            logits[t] = hsum8(lo_half(s));
+            if (tb != t) logits[tb] = hsum8(hi_half(s));
+        } else {
+            for (int r = 0; r < 4; r++) {
+                __m512 s = _mm512_add_ps(acc[r], acc[r + 4]);
+                _mm256_storeu_ps(part + (r * 8 + t % 8) * 8, lo_half(s));
+                _mm256_storeu_ps(part + (r * 8 + t % 8 + 1) * 8, hi_half(s));
+            }
+            if (t % 8 == 6 || t + 2 >= n) sum_parts(part, t - t % 8, (t + 2 < n ? t + 2 : n) - (t - t % 8), logits, ld);
+        }
+    }
+}
+
+void vq_polar_score_avx512(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
+                           size_t cb, int d, int n, const float *q, int rows, float *logits, int ld) {
+    trig16 tr = load_trig(cs, sn);
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        score_rows(&tr, rad, codes, cb, d, n, q + (size_t)r * d, 4, logits + (size_t)r * ld, ld);
+    for (; r < rows; r++) score_rows(&tr, rad, codes, cb, d, n, q + (size_t)r * d, 1, logits + (size_t)r * ld, ld);
+}
+
+/* Token pairs per pass of the value kernel (their level-1 parents on the
+ * stack: 8 KB). */
+#define VPAIRS 16
+
+/* The level-1 parents of lane group g for token pairs [0, np) (tokens
+ * [0, cnt)): par[8 p + j] = level-1 node j's parent, l1[p] the pair's
+ * level-1 codes; an odd last token is paired with itself. */
+static ALWAYS_INLINE void parents(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb, int g,
+                                  int cnt, __m512 *par, __m512i *l1) {
+    for (int t = 0; t < cnt; t += 2) {
+        const int tb = t + 1 < cnt ? t + 1 : t;
+        codes16 x = load_codes16(codes + (size_t)t * cb, codes + (size_t)tb * cb, nb, g);
+        __m512 a3[4], *pt = par + 4 * t;
+        top_levels(tr, &x, load_rad16(rad + (size_t)t * nb, rad + (size_t)tb * nb, g), a3);
+        for (int j = 0; j < 4; j++) level2(tr, &x, a3[j], j, &pt[2 * j], &pt[2 * j + 1]);
+        l1[t / 2] = x.l1;
+    }
+}
+
+/* acc_r[coordinates 2j, 2j + 1 of the lane group] += sum_t w_r,t v_t over
+ * the np pairs and R rows (4 or 1): the 2 R sums stay in registers, their
+ * halves (the pair's two tokens) are added once at the end. wp: the rows'
+ * weights of each pair, [r][p] vectors (lanes 0-7 the first token's). */
+static ALWAYS_INLINE void accum_node(const trig16 *tr, const __m512 *par, const __m512i *l1, int j, int np,
+                                     const __m512 *wp, const int R, float *acc, int d) {
+    __m512 a[8];
+    for (int i = 0; i < 2 * R; i++) a[i] = _mm512_setzero_ps();
+    for (int p = 0; p < np; p++) {
+        __m512 v0, v1;
+        leaf_pair(tr, l1[p], par[8 * p + j], j, &v0, &v1);
+        for (int r = 0; r < R; r++) {
+            a[2 * r] = _mm512_fmadd_ps(wp[r * VPAIRS + p], v0, a[2 * r]);
+            a[2 * r + 1] = _mm512_fmadd_ps(wp[r * VPAIRS + p], v1, a[2 * r + 1]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *o = acc + (size_t)r * d + 16 * j;
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_add_ps(lo_half(a[2 * r]), hi_half(a[2 * r]))));
+        _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8),
+                                              _mm256_add_ps(lo_half(a[2 * r + 1]), hi_half(a[2 * r + 1]))));
+    }
+}
+
+/* R rows (4 or 1) of acc (d apart, in the kernels' coordinate order): per
+ * lane group and pass of 2 VPAIRS tokens, the tree down to level 2 once per
+ * pair (parents), then the leaves node by node with the node's sums in
+ * registers (accum_node). */
+static ALWAYS_INLINE void accum_rows(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d,
+                                     int n, const float *w, int ld, const int R, float *acc) {
+    int nb = d / 16;
+    __m512 par[8 * VPAIRS], wp[4 * VPAIRS];
+    __m512i l1[VPAIRS];
+    for (int t0 = 0; t0 < n; t0 += 2 * VPAIRS) {
+        int cnt = n - t0 < 2 * VPAIRS ? n - t0 : 2 * VPAIRS, np = (cnt + 1) / 2;
+        for (int r = 0; r < R; r++)
+            for (int p = 0; p < np; p++) {
+                const float *wr = w + (size_t)r * ld + t0 + 2 * p;
+                /* a token paired with itself adds nothing twice: weight 0 */
+                float w1 = 2 * p + 1 < cnt ? wr[1] : 0.0f;
+                wp[r * VPAIRS + p] =
+                    _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(wr[0]))),
+                                                        _mm256_castps_pd(_mm256_set1_ps(w1)), 1));
+            }
+        for (int g = 0; g < nb / 8; g++) {
+            parents(tr, rad + (size_t)t0 * nb, codes + (size_t)t0 * cb, cb, nb, g, cnt, par, l1);
+            for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, np, wp, R, acc + (size_t)g * 128, d);
+        }
+    }
+}
+
+void vq_polar_accum_avx512(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
+                           size_t cb, int d, int n, const float *w, int ld, int rows, float *acc) {
+    trig16 tr = load_trig(cs, sn);
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d);
+    for (; r < rows; r++) accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d);
+}
