@@ -12,8 +12,8 @@
  * entries, so the index bits above the code pick a copy and need no mask.
  * 4-bit codes index their 16 levels directly: none of the AVX2 path's
  * folding, blends or two-table sums is needed. 3-bit codes take their high
- * bit from the 1-bit planes, merged into bit 2 of the index by one
- * vpternlogd.
+ * bits from the 1-bit planes, merged in by two vpternlogd per 16 channels
+ * and token (load3).
  *
  * Keys: 4 tokens and R rows a step, so each q load serves four tokens and
  * each level vector every row; the 16 (token, row or chain) sums are
@@ -85,23 +85,36 @@ static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0)
         uint64_t b;
         memcpy(&b, c + s2, sizeof b);
         __m512i x = _mm512_cvtepu8_epi32(_mm_set1_epi64x((long long)b));
-        const __m512i sh = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1);
-        return _mm512_sllv_epi32(x, sh);
+        /* lanes 0..7 shifted by 2, 8..15 by 1: a masked shift instead of a
+         * vpsllvd, whose count vector took a register the keys' loop lacks */
+        return _mm512_mask_slli_epi32(_mm512_slli_epi32(x, 1), 0x00FF, x, 2);
     }
     if (i0 < s1) return _mm512_slli_epi32(load_bytes(c + s2 + i0), 2);
     return _mm512_slli_epi32(load_bytes(c + s2 + i0 - s1), 1); /* i0 < s2 = 2 s1 */
 }
 
-/* The lookup index of slot j from plane bytes lo (and, B = 3, hi from
- * load_high): the slot's code in the low bits; for 3 bits bit 2 is taken
- * from hi by vpternlogd (c ? b : a with a = lo >> 2 j, b = hi >> 2 j, c =
- * 4). */
-static ALWAYS_INLINE __m512i slot_index(const int B, __m512i lo, __m512i hi, int j) {
+/* A 3-bit part's run of 16 channels at i0 of each slot as two index
+ * vectors: the 2-bit plane bytes lo merged with the high bits h (load_high,
+ * slot j's at bit 2 j + 2) by one vpternlogd each, z = (lo & 0x33) | (h &
+ * ~0x33) and w = (lo & 0xCC) | (h & ~0xCC), so that slot j's 3-bit code
+ * is at bits 2 j .. 2 j + 2 of z (j even) or w (j odd): one shift a slot
+ * after that, as for 2-bit codes, instead of two shifts and a merge (the
+ * bits above a code pick a copy of the replicated table). */
+static ALWAYS_INLINE void load3(const uint8_t *c, int s2, int s1, int i0, __m512i *z, __m512i *w) {
+    __m512i lo = load_bytes(c + i0), h = load_high(c, s2, s1, i0);
+    /* bit by bit, with m = ~0xCC (one constant for both): z = m ? lo : h,
+     * w = m ? h : lo (the bits of z above 7 are never read) */
+    const __m512i m = _mm512_set1_epi32(~0xCC);
+    *z = _mm512_ternarylogic_epi32(lo, h, m, 0xE4);
+    *w = _mm512_ternarylogic_epi32(lo, h, m, 0xD8);
+}
+
+/* The lookup index of slot j: from plane bytes x (B = 1, 2, 4), or from
+ * load3's z (x) and w (y). */
+static ALWAYS_INLINE __m512i slot_index(const int B, __m512i x, __m512i y, int j) {
     int sh = B == 3 ? 2 * j : B * j;
-    __m512i x = sh ? _mm512_srli_epi32(lo, (unsigned)sh) : lo;
-    if (B != 3) return x;
-    __m512i h = sh ? _mm512_srli_epi32(hi, (unsigned)sh) : hi;
-    return _mm512_ternarylogic_epi32(x, h, _mm512_set1_epi32(4), 0xD8);
+    __m512i v = B == 3 && (j & 1) ? y : x;
+    return sh ? _mm512_srli_epi32(v, (unsigned)sh) : v;
 }
 
 /* Bytes (or, 3 bits, 2-bit plane bytes) of one slot: its channels. */
@@ -145,8 +158,8 @@ static ALWAYS_INLINE void score_part(const int B, const int R, int off, int n, _
     for (int i0 = 0; i0 < sc; i0 += 16) {
         __m512i lo[4], hi[4];
         for (int t = 0; t < 4; t++) {
-            lo[t] = load_bytes(c[t] + off + i0);
-            hi[t] = B == 3 ? load_high(c[t] + off, sc, s1, i0) : lo[t];
+            if (B == 3) load3(c[t] + off, sc, s1, i0, &lo[t], &hi[t]);
+            else lo[t] = hi[t] = load_bytes(c[t] + off + i0);
         }
         for (int j = 0; j < slots; j++) {
             __m512 lev[4];
@@ -301,7 +314,9 @@ static ALWAYS_INLINE void accum_part(const int B, const int R, const vq_code_par
                 for (int g = 0; g < G; g++) a[r * G + g] = _mm512_loadu_ps(acc + (size_t)r * d + (j0 + g) * sc + i0);
             for (int t = 0; t < n; t++) {
                 const uint8_t *ct = c + (size_t)t * cb;
-                __m512i lo = load_bytes(ct + i0), hi = B == 3 ? load_high(ct, sc, s1, i0) : lo;
+                __m512i lo, hi;
+                if (B == 3) load3(ct, sc, s1, i0, &lo, &hi);
+                else lo = hi = load_bytes(ct + i0);
                 __m512 lev[8];
                 for (int g = 0; g < G; g++) lev[g] = _mm512_permutexvar_ps(slot_index(B, lo, hi, j0 + g), tab);
                 for (int r = 0; r < R; r++) {
