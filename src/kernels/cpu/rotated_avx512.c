@@ -59,13 +59,19 @@ static bool part_covered(const vq_code_part *p) {
 /* Slots of a part (codes a plane byte holds; 3 bits: the 2-bit planes). */
 static ALWAYS_INLINE int slots_of(const int B) { return B == 3 ? 4 : 8 / B; }
 
-/* The part's levels as a 16-entry lookup table (index bits above the code
- * pick a copy). */
-static __m512 part_table(const vq_code_part *p) {
-    float t[16];
-    int mask = (1 << p->bits) - 1;
-    for (int i = 0; i < 16; i++) t[i] = p->table[i & mask];
-    return _mm512_loadu_ps(t);
+/* Lookup tables of a part a slot can use (slot_levels), each the levels
+ * replicated to 16 entries. 1- and 2-bit parts have one for each slot
+ * position in a nibble (tab[v][i] = levels of the code at bits B v .. of
+ * i), so that the slots of a nibble need no shift; 3- and 4-bit parts one,
+ * indexed by the low bits. */
+#define TABS 4
+static void part_tables(const vq_code_part *p, __m512 *tab) {
+    int mask = (1 << p->bits) - 1, per = p->bits <= 2 ? 4 / p->bits : 1;
+    for (int v = 0; v < per; v++) {
+        float t[16];
+        for (int i = 0; i < 16; i++) t[i] = p->table[(i >> (p->bits * v)) & mask];
+        tab[v] = _mm512_loadu_ps(t);
+    }
 }
 
 /* Code bytes of 16 channels, one per lane. */
@@ -109,12 +115,18 @@ static ALWAYS_INLINE void load3(const uint8_t *c, int s2, int s1, int i0, __m512
     *w = _mm512_ternarylogic_epi32(lo, h, m, 0xD8);
 }
 
-/* The lookup index of slot j: from plane bytes x (B = 1, 2, 4), or from
- * load3's z (x) and w (y). */
-static ALWAYS_INLINE __m512i slot_index(const int B, __m512i x, __m512i y, int j) {
-    int sh = B == 3 ? 2 * j : B * j;
-    __m512i v = B == 3 && (j & 1) ? y : x;
-    return sh ? _mm512_srli_epi32(v, (unsigned)sh) : v;
+/* The levels of slot j: from plane bytes x (B = 1, 2, 4), or from load3's
+ * z (x) and w (y). 1 and 2 bits: the slots of the low nibble index x as it
+ * is, those of the high nibble x >> 4, each through its slot position's
+ * table (part_tables), so one shift serves them all. */
+static ALWAYS_INLINE __m512 slot_levels(const int B, __m512i x, __m512i y, int j, const __m512 *tab) {
+    if (B == 3) {
+        __m512i v = j & 1 ? y : x;
+        return _mm512_permutexvar_ps(j > 0 ? _mm512_srli_epi32(v, (unsigned)(2 * j)) : v, tab[0]);
+    }
+    if (B == 4) return _mm512_permutexvar_ps(j ? _mm512_srli_epi32(x, 4) : x, tab[0]);
+    const int per = 4 / B;
+    return _mm512_permutexvar_ps(j >= per ? _mm512_srli_epi32(x, 4) : x, tab[j % per]);
 }
 
 /* Bytes (or, 3 bits, 2-bit plane bytes) of one slot: its channels. */
@@ -151,7 +163,7 @@ static void prep_part(const vq_code_part *p, int R, const float *q, int d, float
 /* Adds q_r . levels of one B-bit part of n channels (its codes `off` bytes
  * into each of the 4 tokens c[t]) into a[4 t + k], k the chain set of (row
  * r, slot j): r + R (j mod 4 / R). qs: the part's q in reading order. */
-static ALWAYS_INLINE void score_part(const int B, const int R, int off, int n, __m512 tab, const float *qs,
+static ALWAYS_INLINE void score_part(const int B, const int R, int off, int n, const __m512 *tab, const float *qs,
                                      const uint8_t *const *c, __m512 *a) {
     const int slots = slots_of(B), sets = 4 / R;
     int sc = slot_channels(B, n), s1 = n / 8;
@@ -163,7 +175,7 @@ static ALWAYS_INLINE void score_part(const int B, const int R, int off, int n, _
         }
         for (int j = 0; j < slots; j++) {
             __m512 lev[4];
-            for (int t = 0; t < 4; t++) lev[t] = _mm512_permutexvar_ps(slot_index(B, lo[t], hi[t], j), tab);
+            for (int t = 0; t < 4; t++) lev[t] = slot_levels(B, lo[t], hi[t], j, tab);
             for (int r = 0; r < R; r++, qs += 16) {
                 __m512 q = _mm512_loadu_ps(qs);
                 int k = r + R * (j % sets);
@@ -191,8 +203,8 @@ static ALWAYS_INLINE void score_rows(const int B0, const int B1, const int R, co
         for (int t = 0; t < 4; t++) c[t] = codes + (size_t)(j + (t < cnt ? t : cnt - 1)) * cb;
         __m512 a[16];
         for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
-        score_part(B0, R, off0, n0, tabs[0], qs, c, a);
-        if (B1) score_part(B1, R, off1, n1, tabs[1], qs1, c, a);
+        score_part(B0, R, off0, n0, tabs, qs, c, a);
+        if (B1) score_part(B1, R, off1, n1, tabs + TABS, qs1, c, a);
         __m512 s = sum16(a);
         if (R < 4) s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0x4E)); /* lanes k + 2 onto k */
         if (R < 2) s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0xB1)); /* lane 1 onto 0 */
@@ -290,8 +302,8 @@ bool vq_codes_score_avx512(const vq_code_part *parts, int nparts, const uint8_t 
     if (!parts_covered(parts, nparts)) return false;
     score_fn *fn = score_pick(parts, nparts);
     if (!fn) return false;
-    __m512 tabs[2];
-    for (int k = 0; k < nparts; k++) tabs[k] = part_table(&parts[k]);
+    __m512 tabs[2 * TABS];
+    for (int k = 0; k < nparts; k++) part_tables(&parts[k], tabs + TABS * k);
     fn(parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
     return true;
 }
@@ -302,7 +314,7 @@ bool vq_codes_score_avx512(const vq_code_part *parts, int nparts, const uint8_t 
  * (4, 2, 1), G slots a pass: per 16-channel run i0 and group of G slots,
  * the R x G accumulators stay in registers over the n tokens. acc: the
  * part's first channel of row 0, rows d apart; wn rows TOKENS apart. */
-static ALWAYS_INLINE void accum_part(const int B, const int R, const vq_code_part *p, __m512 tab, const float *wn,
+static ALWAYS_INLINE void accum_part(const int B, const int R, const vq_code_part *p, const __m512 *tab, const float *wn,
                                      const uint8_t *codes, size_t cb, int n, float *acc, int d) {
     const int slots = slots_of(B), G = 16 / R < slots ? 16 / R : slots;
     const uint8_t *c = codes + p->off;
@@ -318,7 +330,7 @@ static ALWAYS_INLINE void accum_part(const int B, const int R, const vq_code_par
                 if (B == 3) load3(ct, sc, s1, i0, &lo, &hi);
                 else lo = hi = load_bytes(ct + i0);
                 __m512 lev[8];
-                for (int g = 0; g < G; g++) lev[g] = _mm512_permutexvar_ps(slot_index(B, lo, hi, j0 + g), tab);
+                for (int g = 0; g < G; g++) lev[g] = slot_levels(B, lo, hi, j0 + g, tab);
                 for (int r = 0; r < R; r++) {
                     __m512 w = _mm512_set1_ps(wn[r * TOKENS + t]);
                     for (int g = 0; g < G; g++) a[r * G + g] = _mm512_fmadd_ps(w, lev[g], a[r * G + g]);
@@ -332,7 +344,7 @@ static ALWAYS_INLINE void accum_part(const int B, const int R, const vq_code_par
 /* One part's values for every row, rows 4 at a time, then 2, then 1, a
  * chunk of TOKENS tokens at a time: wn = w * norm for the chunk's tokens,
  * 16 at a time (masked at the end). */
-static ALWAYS_INLINE void accum_all(const int B, const vq_code_part *p, __m512 tab, const uint8_t *codes, size_t cb,
+static ALWAYS_INLINE void accum_all(const int B, const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
                                     const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc,
                                     int d) {
     float wn[4 * TOKENS];
@@ -358,19 +370,19 @@ static ALWAYS_INLINE void accum_all(const int B, const vq_code_part *p, __m512 t
     }
 }
 
-static NOINLINE void accum_1(const vq_code_part *p, __m512 tab, const uint8_t *codes, size_t cb,
+static NOINLINE void accum_1(const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
                              const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
     accum_all(1, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
 }
-static NOINLINE void accum_2(const vq_code_part *p, __m512 tab, const uint8_t *codes, size_t cb,
+static NOINLINE void accum_2(const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
                              const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
     accum_all(2, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
 }
-static NOINLINE void accum_3(const vq_code_part *p, __m512 tab, const uint8_t *codes, size_t cb,
+static NOINLINE void accum_3(const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
                              const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
     accum_all(3, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
 }
-static NOINLINE void accum_4(const vq_code_part *p, __m512 tab, const uint8_t *codes, size_t cb,
+static NOINLINE void accum_4(const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
                              const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
     accum_all(4, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
 }
@@ -380,7 +392,8 @@ bool vq_codes_accum_avx512(const vq_code_part *parts, int nparts, const uint8_t 
     if (!parts_covered(parts, nparts)) return false;
     for (int k = 0, ch = 0; k < nparts; ch += parts[k].n, k++) {
         const vq_code_part *p = &parts[k];
-        __m512 tab = part_table(p);
+        __m512 tab[TABS];
+        part_tables(p, tab);
         switch (p->bits) {
         case 1: accum_1(p, tab, codes, cb, norms, n, w, ld, rows, acc + ch, d); break;
         case 2: accum_2(p, tab, codes, cb, norms, n, w, ld, rows, acc + ch, d); break;
