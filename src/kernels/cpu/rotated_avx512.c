@@ -310,35 +310,55 @@ bool vq_codes_score_avx512(const vq_code_part *parts, int nparts, const uint8_t 
 
 /* ---------------------------------------------------------------- values */
 
-/* acc_r[channels] += sum_t wn[r][t] * levels for one B-bit part, R rows
- * (4, 2, 1), G slots a pass: per 16-channel run i0 and group of G slots,
- * the R x G accumulators stay in registers over the n tokens. acc: the
- * part's first channel of row 0, rows d apart; wn rows TOKENS apart. */
-static ALWAYS_INLINE void accum_part(const int B, const int R, const vq_code_part *p, const __m512 *tab, const float *wn,
-                                     const uint8_t *codes, size_t cb, int n, float *acc, int d) {
-    const int slots = slots_of(B), G = 16 / R < slots ? 16 / R : slots;
-    const uint8_t *c = codes + p->off;
-    int sc = slot_channels(B, p->n), s1 = p->n / 8;
-    for (int i0 = 0; i0 < sc; i0 += 16)
-        for (int j0 = 0; j0 < slots; j0 += G) {
-            __m512 a[16];
-            for (int r = 0; r < R; r++)
-                for (int g = 0; g < G; g++) a[r * G + g] = _mm512_loadu_ps(acc + (size_t)r * d + (j0 + g) * sc + i0);
-            for (int t = 0; t < n; t++) {
-                const uint8_t *ct = c + (size_t)t * cb;
-                __m512i lo, hi;
-                if (B == 3) load3(ct, sc, s1, i0, &lo, &hi);
-                else lo = hi = load_bytes(ct + i0);
-                __m512 lev[8];
-                for (int g = 0; g < G; g++) lev[g] = slot_levels(B, lo, hi, j0 + g, tab);
-                for (int r = 0; r < R; r++) {
-                    __m512 w = _mm512_set1_ps(wn[r * TOKENS + t]);
-                    for (int g = 0; g < G; g++) a[r * G + g] = _mm512_fmadd_ps(w, lev[g], a[r * G + g]);
-                }
-            }
-            for (int r = 0; r < R; r++)
-                for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + (size_t)r * d + (j0 + g) * sc + i0, a[r * G + g]);
+/* acc_r[channels] += sum_t wn[r][t] * levels of one slice of a B-bit part
+ * for R rows: slots j0 .. j0 + G - 1 of the H 16-channel runs from i0, whose
+ * R x G x H accumulators stay in registers over the n tokens. acc: the
+ * part's first channel of row 0, rows d apart; wn rows TOKENS apart; sc:
+ * channels a slot. */
+static ALWAYS_INLINE void accum_slice(const int B, const int R, const int G, const int H, const uint8_t *c,
+                                      size_t cb, int sc, int s1, int i0, int j0, const __m512 *tab, const float *wn,
+                                      int n, float *acc, int d) {
+    __m512 a[16];
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < R; r++)
+            for (int g = 0; g < G; g++)
+                a[(h * R + r) * G + g] = _mm512_loadu_ps(acc + (size_t)r * d + (j0 + g) * sc + i0 + 16 * h);
+    for (int t = 0; t < n; t++) {
+        const uint8_t *ct = c + (size_t)t * cb;
+        __m512 lev[8];
+        for (int h = 0; h < H; h++) {
+            __m512i lo, hi;
+            if (B == 3) load3(ct, sc, s1, i0 + 16 * h, &lo, &hi);
+            else lo = hi = load_bytes(ct + i0 + 16 * h);
+            for (int g = 0; g < G; g++) lev[h * G + g] = slot_levels(B, lo, hi, j0 + g, tab);
         }
+        for (int r = 0; r < R; r++) {
+            __m512 w = _mm512_set1_ps(wn[r * TOKENS + t]);
+            for (int h = 0; h < H; h++)
+                for (int g = 0; g < G; g++)
+                    a[(h * R + r) * G + g] = _mm512_fmadd_ps(w, lev[h * G + g], a[(h * R + r) * G + g]);
+        }
+    }
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < R; r++)
+            for (int g = 0; g < G; g++)
+                _mm512_storeu_ps(acc + (size_t)r * d + (j0 + g) * sc + i0 + 16 * h, a[(h * R + r) * G + g]);
+}
+
+/* One part's values for R rows (4, 2, 1): G slots a pass, and where R x G
+ * leaves room (and the G level vectors of two runs fit lev), two
+ * 16-channel runs a pass (4-bit codes at 4 rows: 16 accumulators instead
+ * of 8, so each broadcast weight feeds 4 FMAs). */
+static ALWAYS_INLINE void accum_part(const int B, const int R, const vq_code_part *p, const __m512 *tab,
+                                     const float *wn, const uint8_t *codes, size_t cb, int n, float *acc, int d) {
+    const int slots = slots_of(B), G = 16 / R < slots ? 16 / R : slots, H2 = 2 * R * G <= 16 && G <= 4;
+    const uint8_t *c = codes + p->off;
+    int sc = slot_channels(B, p->n), s1 = p->n / 8, i0 = 0;
+    if (H2)
+        for (; i0 + 32 <= sc; i0 += 32)
+            for (int j0 = 0; j0 < slots; j0 += G) accum_slice(B, R, G, 2, c, cb, sc, s1, i0, j0, tab, wn, n, acc, d);
+    for (; i0 < sc; i0 += 16)
+        for (int j0 = 0; j0 < slots; j0 += G) accum_slice(B, R, G, 1, c, cb, sc, s1, i0, j0, tab, wn, n, acc, d);
 }
 
 /* One part's values for every row, rows 4 at a time, then 2, then 1, a
