@@ -7,9 +7,10 @@
  *
  * A code becomes its level in registers, 16 channels a vector: the code
  * bytes of 16 channels of one slot are extended to 32-bit lanes straight
- * from memory (vpmovzxbd), the slot's bits are shifted down, and one
- * vpermps looks the level up in the part's codebook replicated to 16
- * entries, so the index bits above the code pick a copy and need no mask.
+ * from memory (vpmovzxbd), the slot's bits are shifted down (1 and 2
+ * bits: only for the high nibble, part_tables), and one vpermps looks the
+ * level up in the part's codebook replicated to 16 entries, so the index
+ * bits above the code pick a copy and need no mask.
  * 4-bit codes index their 16 levels directly: none of the AVX2 path's
  * folding, blends or two-table sums is needed. 3-bit codes take their high
  * bits from the 1-bit planes, merged in by two vpternlogd per 16 channels
@@ -22,9 +23,9 @@
  * slots alternate between chain sets, so there are still 8 or 16 FMA
  * chains in flight (an FMA's latency is 4 cycles, two pipes run them).
  * Values: the weights are multiplied by the norms once per token; a slice
- * of up to 16 channels x slots x R rows of accumulators stays in registers
- * over the tokens of a call (the codes of the call sit in L1 and are read
- * once per slice). */
+ * of one or two 16-channel runs x slots x R rows, up to 16 accumulators,
+ * stays in registers over the tokens of a call (the codes of the call sit
+ * in L1 and are read once per slice). */
 #include "methods/rotated.h"
 
 #include <immintrin.h>
