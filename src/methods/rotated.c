@@ -158,10 +158,15 @@ void vq_codes_signs_score(const vq_code_part *parts, int nparts, const vq_sign_p
                           int ld, float *scratch) {
     int done = 0;
 #if defined(__x86_64__)
-    /* at level avx512 the AVX-512 codes kernel and then the sign tables
-     * measured faster than the AVX2 single pass (tq-prod 3-bit 32.1 -> 28.4
-     * ns per (token, kv head) in cache, 4-bit 36.4 -> 30.5) */
-    if (vq_cpu_has_avx2() && !vq_cpu_has_avx512())
+    /* where the AVX-512 codes kernel covers the parts, it and then the sign
+     * tables measured faster than the AVX2 single pass (before
+     * prod_avx512.c: tq-prod 3-bit 32.1 -> 28.4 ns per (token, kv head) in
+     * cache, 4-bit 36.4 -> 30.5) */
+    if (vq_cpu_has_avx512() && vq_codes_score_avx512(parts, nparts, codes, cb, norms, n, q, d, rows, logits, ld, scratch)) {
+        vq_signs_score(sp->tab, sp->m, rows, codes + sp->off, cb, sp->gain, n, logits, ld, true);
+        return;
+    }
+    if (vq_cpu_has_avx2())
         done = vq_codes_signs_score_avx2(parts, nparts, sp, codes, cb, norms, n, q, d, rows, logits, ld, scratch);
 #endif
     if (done == rows) return;
