@@ -71,7 +71,8 @@ typedef struct {
 } vq_sign_part;
 /* vq_codes_score followed by vq_signs_score adding sp's scores, bit for
  * bit, with the two in one pass over the tokens where the AVX2 kernels
- * cover the shape. */
+ * cover the shape (at level avx512, where the AVX-512 codes kernel covers
+ * the parts, one after the other). */
 void vq_codes_signs_score(const vq_code_part *parts, int nparts, const vq_sign_part *sp, const uint8_t *codes,
                           size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits,
                           int ld, float *scratch);
