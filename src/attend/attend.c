@@ -114,23 +114,28 @@ typedef struct {
  * the start of every block is a run of demand misses. A span reads its
  * blocks' key parts, then their value parts, then goes on to the next
  * span's first keys part (`after`); while it works on part i it touches
- * each page of part i + 2 (one prefetch a page) and asks for every line of
- * part i + 1 (prefetch_part).
+ * each page of part i + 2 (one prefetch a page), then asks for every line
+ * of part i + 1, then for every line of part i + 2 (prefetch_part).
  *
- * Measured on a Zen 5 host, 32768 tokens, 32/8 heads, d = 128, one thread,
- * interleaved (ms, medians): every line one part ahead (the order before,
- * then for KIVI only; fp16 blocks were left to the hardware): KIVI-2
- * 5.8-6.1, fp16 13.1-14.4; every line one part ahead for fp16 too: fp16
- * 10.4; every line two parts ahead only: KIVI-2 5.5-6.1; every line two
- * and again one part ahead: KIVI-2 4.9-5.1, fp16 8.3-9.4; pages two ahead
- * and lines one ahead (this): KIVI-2 4.67-4.73, fp16 8.6-9.8; every second
- * line: KIVI-2 8.6-9.2, worse than none. Why the early touch matters was
- * not established (a guess: a prefetch that misses the TLB may start the
- * walk and be dropped). In cache the fp16 path pays for its prefetches
- * (13.7-14.2 -> 16.5 ns per token and kv head at 2048 tokens, 8/2 heads).
- * On a Zen 3 host one part ahead in two bursts had beaten the whole next
- * block at once (KIVI-2, 2 threads: 2-7 % less median time) and
- * prefetching fp16 blocks had measured slower, without kept figures. */
+ * Measured on a Zen 5 host, 32768 tokens, 32/8 heads, d = 128, interleaved
+ * runs, medians in ms. One thread: every line one part ahead (the order
+ * before, then for KIVI only; fp16 blocks were left to the hardware):
+ * KIVI-2 5.8-6.1, fp16 13.1-14.4; every line one part ahead for fp16 too:
+ * fp16 10.4; every line two parts ahead only: KIVI-2 5.5-6.1; every line
+ * one and then two parts ahead: KIVI-2 4.9-5.1, fp16 8.3-9.4; pages two
+ * ahead and lines one ahead: KIVI-2 4.66-5.16, fp16 8.6-9.8; that and the
+ * lines two ahead last (this): KIVI-2 4.72-4.89, fp16 8.0-8.3; every
+ * second line: KIVI-2 8.6-9.2, worse than none. Two threads: pages two
+ * ahead and lines one ahead KIVI-2 2.41-2.76, fp16 4.53-4.81; this
+ * 2.46-2.56 and 4.08-4.44; the lines two ahead asked for before those one
+ * ahead: fp16 4.9-5.0; pages or lines three ahead as well: no better. Why
+ * the early touch matters was not established (a guess: a prefetch that
+ * misses the TLB may start the walk and be dropped). In cache the fp16
+ * path pays for its prefetches (13.7-14.2 -> 16.5 ns per token and kv head
+ * at 2048 tokens, 8/2 heads). On a Zen 3 host one part ahead in two bursts
+ * had beaten the whole next block at once (KIVI-2, 2 threads: 2-7 % less
+ * median time) and prefetching fp16 blocks had measured slower, without
+ * kept figures. */
 #define PREFETCH_PAGE 4096
 /* Blocks that stay one per span (see vq_attend). */
 #define SPAN_BIG_BYTES 32768
@@ -255,6 +260,7 @@ static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const 
         }
         prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 2, PREFETCH_PAGE);
         prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 1, 64);
+        prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 2, 64);
         const vq_block_class *k = &c->cls[s->blk_class[b]];
         pk->method->score(pk, kq, nr, s->blocks[b], k->cap, 0, n, logits + col, jb->logit_ld, mscratch);
         mask_future(jb, nr, qpos, vq_blk_pos(c, s, b), n, logits + col);
@@ -268,6 +274,7 @@ static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const 
         if (n <= 0) continue;
         prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 2, PREFETCH_PAGE);
         prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 1, 64);
+        prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 2, 64);
         const vq_block_class *k = &c->cls[s->blk_class[b]];
         pv->method->accum(pv, logits + col, jb->logit_ld, nr, s->blocks[b] + k->k_bytes, k->cap, 0, n, acc, mscratch);
         col += n;
