@@ -241,9 +241,10 @@ static void mask_future(const job *jb, int nr, const int32_t *qpos, const int32_
 /* Blocks [b0, b1) of stream s as one softmax span: every block's keys are
  * scored into its columns of the logits rows, one softmax step covers
  * them all, then every block's values are accumulated. At most
- * jb->span_tokens tokens. Prefetch runs two parts ahead (pages) and one
- * part ahead (lines) in the span's reading order (keys parts, values parts,
- * then `after`'s keys, or nothing when it is NULL). */
+ * jb->span_tokens tokens. Prefetch, in the span's reading order (keys
+ * parts, values parts, then `after`'s keys, or nothing when it is NULL):
+ * the pages of the part two ahead, the lines of the part one ahead, then
+ * the lines of the part two ahead (the order measured; see PREFETCH_PAGE). */
 static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const next_block *after, int nr,
                        const float *kq, const int32_t *qpos, int32_t qpos_max, float *m, float *l, float *acc,
                        float *logits, float *mscratch, float *kw_head, int row0, int64_t slot0) {
