@@ -5,17 +5,13 @@
  * As in the AVX2 file, the 4-row bodies (one GQA group of 4 q heads, the
  * decode case) are written out so the accumulators stay in registers; other
  * row counts run 4 at a time and then one at a time. */
+#include "reduce_avx512.h"
 #include "vq_internal.h"
 
 #include <immintrin.h>
 
 static inline __m512 load_h16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-
-/* 16 lanes -> 8 by adding the two halves: the AVX2 hadd tree then finishes. */
-static inline __m256 fold(__m512 a) {
-    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
 
 /* Scores of 4 rows against tokens j and j+1, returned as
@@ -38,8 +34,10 @@ static inline __m256 score4x2(const float *q, int d, const uint16_t *k0, const u
         a30 = _mm512_fmadd_ps(q3, x0, a30);
         a31 = _mm512_fmadd_ps(q3, x1, a31);
     }
-    __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(fold(a00), fold(a01)), _mm256_hadd_ps(fold(a10), fold(a11)));
-    __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(fold(a20), fold(a21)), _mm256_hadd_ps(fold(a30), fold(a31)));
+    __m256 h01 = _mm256_hadd_ps(_mm256_hadd_ps(vq_fold512(a00), vq_fold512(a01)),
+                                _mm256_hadd_ps(vq_fold512(a10), vq_fold512(a11)));
+    __m256 h23 = _mm256_hadd_ps(_mm256_hadd_ps(vq_fold512(a20), vq_fold512(a21)),
+                                _mm256_hadd_ps(vq_fold512(a30), vq_fold512(a31)));
     return _mm256_add_ps(_mm256_permute2f128_ps(h01, h23, 0x20), _mm256_permute2f128_ps(h01, h23, 0x31));
 }
 

@@ -15,6 +15,7 @@
  * function also carries its own target attribute, so no other code in
  * these files can be compiled into VNNI instructions (Skylake-X has
  * AVX-512 without VNNI). */
+#include "reduce_avx512.h"
 #include "vq_internal.h"
 
 #include <immintrin.h>
@@ -31,11 +32,6 @@
 
 /* 2^e for a small e, as 16 floats. */
 static inline __m512 pow2(int e) { return _mm512_castsi512_ps(_mm512_set1_epi32((127 + e) << 23)); }
-
-/* 16 lanes -> 8 by adding the two halves (the hadd tree then finishes). */
-static inline __m256 fold(__m512 a) {
-    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-}
 
 /* ------------------------------------------------------------------ keys */
 
@@ -155,7 +151,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
                 else
                     dot_tokens(qs, blk + (size_t)(t + k) * cb, cb, stride, b, kt(R), R, acc);
                 for (int r = 0; r < R; r++)
-                    for (int e = 0; e < kt(R); e++) part[r][k + e] = fold(acc[e][r]);
+                    for (int e = 0; e < kt(R); e++) part[r][k + e] = vq_fold512(acc[e][r]);
             }
             for (int r = 0; r < R; r++) {
                 __m256 *p = part[r];
@@ -223,7 +219,7 @@ float vq_kivi_prep_weights_avx512(const float *wr, const float *sT, const float 
         /* 0 <= x <= 32767 after rounding: the truncating narrow keeps it */
         _mm256_storeu_si256((__m256i *)(wp + g * gstride), _mm512_cvtepi32_epi16(i0));
         _mm256_storeu_si256((__m256i *)(wp + g * gstride + 8), _mm512_cvtepi32_epi16(i1));
-        zv[g] = _mm256_fmadd_ps(fold(err), corr, _mm256_add_ps(zv[g], fold(zw)));
+        zv[g] = _mm256_fmadd_ps(vq_fold512(err), corr, _mm256_add_ps(zv[g], vq_fold512(zw)));
     }
     return deq;
 }

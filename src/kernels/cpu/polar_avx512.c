@@ -9,6 +9,7 @@
  * vpermps (its table holds a_(c+8) = a_c + pi already), where the AVX2
  * kernel looks up 8 and flips the sign: the same products. Built with the
  * AVX-512 flags and only called at the avx512 CPU level. */
+#include "reduce_avx512.h"
 #include "vq_internal.h"
 
 #include <immintrin.h>
@@ -232,9 +233,8 @@ static ALWAYS_INLINE void accum_node(const trig16 *tr, const __m512 *par, const 
     }
     for (int r = 0; r < R; r++) {
         float *o = acc + (size_t)r * d + 16 * j;
-        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_add_ps(lo_half(a[2 * r]), hi_half(a[2 * r]))));
-        _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8),
-                                              _mm256_add_ps(lo_half(a[2 * r + 1]), hi_half(a[2 * r + 1]))));
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), vq_fold512(a[2 * r])));
+        _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), vq_fold512(a[2 * r + 1])));
     }
 }
 

@@ -28,6 +28,7 @@
  * Values: 32 code channels and 32 sketch channels of R rows stay in
  * registers over the tokens of a call (4 R accumulators), a pass for each
  * such slice. */
+#include "reduce_avx512.h"
 #include "vq_internal.h"
 
 #include <immintrin.h>
@@ -106,26 +107,9 @@ static ALWAYS_INLINE __m512 slot_levels(const int B, __m512i lo, __m512i hi, __m
     return _mm512_permutexvar_ps(slot_index(B, lo, hi, s), tab);
 }
 
-/* The sums of a[0..15] (16 lanes each) as the lanes of one vector, in
- * that order: four levels of shuffles and adds. */
-static ALWAYS_INLINE __m512 sum16(const __m512 *a) {
-    __m512 b[8], c[4], e[2];
-    for (int i = 0; i < 8; i++) /* 256-bit halves: a(2i) | a(2i+1), 8 partials each */
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; i++) /* 128-bit lane j: 4 partials of a(4i + j) */
-        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-    for (int i = 0; i < 2; i++) /* lane j: 2 partials each of a(8i + j), a(8i + 4 + j) */
-        e[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x88),
-                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xDD));
-    /* lane 4 j + m: a(4 m + j) */
-    return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));
-}
-
 /* Scores of tokens [0, n) for R rows (1..4), four tokens a step, so each
  * load of q or of 2 S R q serves four tokens: the (token t, row r) sums
- * sit in a[4 t + r] and come out of sum16 at lane 4 r + t, the codes' and
+ * sit in a[4 t + r] and come out of vq_sum16x16 at lane 4 r + t, the codes' and
  * the signs' one after the other. qs: the rows' rotated q in reading order
  * (16 floats per (i0, slot, row)); v2: 2 S R q per row (d floats, rows d
  * apart); vsum: sum_i (S R q)_i per row. */
@@ -162,7 +146,7 @@ static ALWAYS_INLINE void score_rows(const int B, const int R, const uint8_t *co
                 }
             }
         }
-        __m512 codes_sum = sum16(a);
+        __m512 codes_sum = vq_sum16x16(a);
         for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
         for (int g = 0; g < d / 16; g++) {
             __mmask16 k[4];
@@ -175,7 +159,7 @@ static ALWAYS_INLINE void score_rows(const int B, const int R, const uint8_t *co
         /* len * codes + gain * (2 sum_{+1} v - sum v), lane 4 r + t */
         __m512 ln = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(keep, len + j));
         __m512 gn = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(keep, gain + j));
-        __m512 sc = _mm512_fmadd_ps(gn, _mm512_sub_ps(sum16(a), vs), _mm512_mul_ps(ln, codes_sum));
+        __m512 sc = _mm512_fmadd_ps(gn, _mm512_sub_ps(vq_sum16x16(a), vs), _mm512_mul_ps(ln, codes_sum));
         _mm_mask_storeu_ps(logits + j, keep, _mm512_castps512_ps128(sc));
         if (R > 1) _mm_mask_storeu_ps(logits + (size_t)ld + j, keep, _mm512_extractf32x4_ps(sc, 1));
         if (R > 2) _mm_mask_storeu_ps(logits + 2 * (size_t)ld + j, keep, _mm512_extractf32x4_ps(sc, 2));

@@ -27,6 +27,7 @@
  * stays in registers over the tokens of a call (the codes of the call sit
  * in L1 and are read once per slice). */
 #include "methods/rotated.h"
+#include "reduce_avx512.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -135,22 +136,6 @@ static ALWAYS_INLINE int slot_channels(const int B, int n) { return B == 3 ? n /
 
 /* ------------------------------------------------------------------ keys */
 
-/* The sums of a[0..15] (16 lanes each) as the lanes of one vector: lane
- * 4 k + t holds the sum of a[4 t + k]. Four levels of shuffles and adds. */
-static ALWAYS_INLINE __m512 sum16(const __m512 *a) {
-    __m512 b[8], c[4], e[2];
-    for (int i = 0; i < 8; i++) /* 256-bit halves: a(2i) | a(2i+1), 8 partials each */
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-    for (int i = 0; i < 4; i++) /* 128-bit lane j: 4 partials of a(4i + j) */
-        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-    for (int i = 0; i < 2; i++) /* lane j: 2 partials each of a(8i + j), a(8i + 4 + j) */
-        e[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x88),
-                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));
-}
-
 /* Copies R rows of one part's q (q: the part's first channel of row 0,
  * rows d apart) into qs in score_part's reading order: 16 floats per (run
  * i0, slot j, row r), channels j * (slot channels) + i0 .. + 15. */
@@ -188,7 +173,7 @@ static ALWAYS_INLINE void score_part(const int B, const int R, int off, int n, c
 
 /* Scores of tokens [0, n) for R rows (4, 2 or 1) of one or two parts (B0
  * bits, then B1 bits or B1 = 0), four tokens a step. The 16 chains come
- * out of sum16 as 128-bit lanes k of 4 tokens each; a row's lanes are
+ * out of vq_sum16x16 as 128-bit lanes k of 4 tokens each; a row's lanes are
  * added, scaled by the tokens' norms and stored. qs: both parts' q in
  * reading order, part 0 first. */
 static ALWAYS_INLINE void score_rows(const int B0, const int B1, const int R, const vq_code_part *parts,
@@ -206,7 +191,7 @@ static ALWAYS_INLINE void score_rows(const int B0, const int B1, const int R, co
         for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
         score_part(B0, R, off0, n0, tabs, qs, c, a);
         if (B1) score_part(B1, R, off1, n1, tabs + TABS, qs1, c, a);
-        __m512 s = sum16(a);
+        __m512 s = vq_sum16x16(a);
         if (R < 4) s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0x4E)); /* lanes k + 2 onto k */
         if (R < 2) s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0xB1)); /* lane 1 onto 0 */
         __m128 nv = _mm_cvtph_ps(_mm_maskz_loadu_epi16(keep, norms + j));
