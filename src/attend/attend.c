@@ -142,8 +142,18 @@ typedef struct {
  * at 2048 tokens, 8/2 heads). On a Zen 3 host one part ahead in two bursts
  * had beaten the whole next block at once (KIVI-2, 2 threads: 2-7 % less
  * median time) and prefetching fp16 blocks had measured slower, without
- * kept figures. */
+ * kept figures.
+ *
+ * The lines of a part two ahead go with the non-temporal hint (prefetchnta)
+ * when the part is small (compressed blocks: KIVI-2 3 KB a part), with
+ * the L1 hint like the rest when it is big (fp16: 16 KB). Zen 5, 32768
+ * tokens, medians of interleaved runs: KIVI-2 2.38 -> 2.15 ms on two
+ * threads and 4.67 -> 4.00 ms on one, KIVI-4 2.59 -> 2.39, tq-mse 3-bit
+ * 2.28 -> 2.16; the L2 hint (prefetcht1) gave KIVI-2 2.17. For fp16 the
+ * non-temporal hint measured 7.7 -> 8.4 ms on one thread, so big parts
+ * keep the L1 hint. */
 #define PREFETCH_PAGE 4096
+#define PREFETCH_NTA_BYTES 8192
 /* Blocks that stay one per span (see vq_attend). */
 #define SPAN_BIG_BYTES 32768
 
@@ -157,16 +167,23 @@ typedef struct {
 #define PREFETCH_INLINE inline
 #endif
 
-/* One prefetch every `step` bytes of [p, p + bytes), and its last byte. */
-static PREFETCH_INLINE void prefetch_range(const uint8_t *p, size_t bytes, size_t step) {
+/* One prefetch every `step` bytes of [p, p + bytes), and its last byte;
+ * with the non-temporal hint when nta. */
+static PREFETCH_INLINE void prefetch_range(const uint8_t *p, size_t bytes, size_t step, bool nta) {
 #if defined(__GNUC__)
     if (bytes == 0) return;
+    if (nta) {
+        for (size_t o = 0; o < bytes; o += step) __builtin_prefetch(p + o, 0, 0);
+        __builtin_prefetch(p + bytes - 1, 0, 0);
+        return;
+    }
     for (size_t o = 0; o < bytes; o += step) __builtin_prefetch(p + o, 0, 3);
     __builtin_prefetch(p + bytes - 1, 0, 3);
 #else
     (void)p;
     (void)bytes;
     (void)step;
+    (void)nta;
 #endif
 }
 
@@ -183,18 +200,18 @@ static next_block block_parts(const vq_cache *c, const vq_stream *s, int b) {
 
 /* Part j of span [b0, b1)'s reading order (keys of b0 + j for j < n, values
  * of b0 + j - n for j < 2 n, then after's keys), one prefetch every step
- * bytes. */
+ * bytes; far: the lines of a part two ahead (see PREFETCH_NTA_BYTES). */
 static PREFETCH_INLINE void prefetch_part(const vq_cache *c, const vq_stream *s, int b0, int b1,
-                                          const next_block *after, int j, size_t step) {
+                                          const next_block *after, int j, size_t step, bool far) {
     int n = b1 - b0;
     if (j < n) {
         next_block p = block_parts(c, s, b0 + j);
-        prefetch_range(p.k, p.k_bytes, step);
+        prefetch_range(p.k, p.k_bytes, step, far && p.k_bytes <= PREFETCH_NTA_BYTES);
     } else if (j < 2 * n) {
         next_block p = block_parts(c, s, b0 + j - n);
-        prefetch_range(p.v, p.v_bytes, step);
+        prefetch_range(p.v, p.v_bytes, step, far && p.v_bytes <= PREFETCH_NTA_BYTES);
     } else if (j == 2 * n && after) {
-        prefetch_range(after->k, after->k_bytes, step);
+        prefetch_range(after->k, after->k_bytes, step, far && after->k_bytes <= PREFETCH_NTA_BYTES);
     }
 }
 
@@ -266,9 +283,9 @@ static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const 
             b1 = b;
             break;
         }
-        prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 2, PREFETCH_PAGE);
-        prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 1, 64);
-        prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 2, 64);
+        prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 2, PREFETCH_PAGE, false);
+        prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 1, 64, false);
+        prefetch_part(c, s, b0, b0 + n_all, after, b - b0 + 2, 64, true);
         const vq_block_class *k = &c->cls[s->blk_class[b]];
         pk->method->score(pk, kq, nr, s->blocks[b], k->cap, 0, n, logits + col, jb->logit_ld, mscratch);
         mask_future(jb, nr, qpos, vq_blk_pos(c, s, b), n, logits + col);
@@ -280,9 +297,9 @@ static void run_blocks(const job *jb, const vq_stream *s, int b0, int b1, const 
     for (int b = b0; b < b1; b++) {
         int n = s->blk_n[b];
         if (n <= 0) continue;
-        prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 2, PREFETCH_PAGE);
-        prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 1, 64);
-        prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 2, 64);
+        prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 2, PREFETCH_PAGE, false);
+        prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 1, 64, false);
+        prefetch_part(c, s, b0, b0 + n_all, after, n_all + b - b0 + 2, 64, true);
         const vq_block_class *k = &c->cls[s->blk_class[b]];
         pv->method->accum(pv, logits + col, jb->logit_ld, nr, s->blocks[b] + k->k_bytes, k->cap, 0, n, acc, mscratch);
         col += n;

@@ -34,9 +34,9 @@
  * run's two parts into c2 + 4 c1 before converting or multiplying.
  * Rows go 4 at a time (the q heads of a GQA group share every code load),
  * then 2, then 1 (MHA models: one row per kv head). At CPU level avx512
- * the row groups run kivi_avx512.c's bodies where the shape allows
- * instead (keys; values with AVX512_VNNI, which also builds every chunk's
- * int16 weights), called from the drivers here. A single value row
+ * the key row groups run kivi_avx512.c's bodies where the shape allows,
+ * called from the driver here; values with AVX512_VNNI go to its own
+ * driver (vq_kivi_accum_avx512) where the shape allows. A single value row
  * takes every slot of a 16-byte run at once (accum_run16_row); 2 and 4
  * rows take one slot of 16 channels for all rows (accum_slot16).
  */
@@ -54,10 +54,9 @@
  * avx512 (values: with AVX512_VNNI); false when the shape is not theirs. */
 bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                                int t0, int n, float *logits, int ld, float *scratch);
-bool vq_kivi_accum_rows_avx512(const uint8_t *codes, size_t cb, int cn, int bits, int G, const int32_t *wp,
-                               const float *deq, int R, float *acc, int d);
-float vq_kivi_prep_weights_avx512(const float *wr, const float *sT, const float *smax, const float *zT, int ng,
-                                  int cmax, int32_t *wp, size_t gstride, __m256 *zv);
+bool vq_kivi_accum_avx512(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
+                          int block_tokens, int t0, int n, float *acc, float *scratch);
+size_t vq_kivi_scratch_avx512(int ng);
 
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
@@ -683,7 +682,7 @@ static void regroup_meta4(const uint16_t *m, int ng, float *sT, float *zT) {
 /* Accumulates tokens [t0, t0 + n) into R rows (4, 2 or 1). */
 static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d, int G, const int bits,
                                      const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
-                                     float *scratch, bool wide) {
+                                     float *scratch) {
     int ng = d / G, cmax = bits == 3 ? 7 : (1 << bits) - 1;
     size_t cb = code_bytes(bits, d);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
@@ -733,17 +732,11 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
                 memset(wc + cn, 0, sizeof(float) * (size_t)(CHUNK - cn));
                 wr = wc;
             }
-            int32_t *wr16 = wp + (size_t)r * (CHUNK / 2);
-            if (wide)
-                deq[r] = vq_kivi_prep_weights_avx512(wr, sT, smax, zT, ng, cmax, wr16, (size_t)R * (CHUNK / 2),
-                                                     zv + (size_t)r * ng);
-            else
-                deq[r] = prep_weights(wr, sT, smax, zT, ng, cmax, wr16, (size_t)R * (CHUNK / 2), zv + (size_t)r * ng);
+            deq[r] = prep_weights(wr, sT, smax, zT, ng, cmax, wp + (size_t)r * (CHUNK / 2), (size_t)R * (CHUNK / 2),
+                                  zv + (size_t)r * ng);
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
-        if (wide && vq_kivi_accum_rows_avx512(codes, cb, cn, bits, G, wp, deq, R, acc, d)) {
-            /* the AVX-512 body took the chunk */
-        } else if (bits == 3) {
+        if (bits == 3) {
             accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d);
         } else {
             accum_plane(codes, cb, cn, bits, G, wp, deq, R, acc, d);
@@ -762,12 +755,12 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
  * accum_slot16); R is a constant at every call site. */
 static ALWAYS_INLINE void accum_rows_bits(const float *w, int ld, const int R, int d, int G, int bits,
                                           const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
-                                          float *scratch, bool wide) {
+                                          float *scratch) {
     switch (bits) {
-    case 2: accum_rows(w, ld, R, d, G, 2, blk, block_tokens, t0, n, acc, scratch, wide); break;
-    case 3: accum_rows(w, ld, R, d, G, 3, blk, block_tokens, t0, n, acc, scratch, wide); break;
-    case 4: accum_rows(w, ld, R, d, G, 4, blk, block_tokens, t0, n, acc, scratch, wide); break;
-    default: accum_rows(w, ld, R, d, G, 8, blk, block_tokens, t0, n, acc, scratch, wide); break;
+    case 2: accum_rows(w, ld, R, d, G, 2, blk, block_tokens, t0, n, acc, scratch); break;
+    case 3: accum_rows(w, ld, R, d, G, 3, blk, block_tokens, t0, n, acc, scratch); break;
+    case 4: accum_rows(w, ld, R, d, G, 4, blk, block_tokens, t0, n, acc, scratch); break;
+    default: accum_rows(w, ld, R, d, G, 8, blk, block_tokens, t0, n, acc, scratch); break;
     }
 }
 
@@ -775,25 +768,30 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
                         int block_tokens, int t0, int n, float *acc, float *scratch) {
     int d = p->head_dim, G = p->group, ng = d / G, bits = p->bits;
     if (!planes_ok(bits, d, 16) || d % G != 0 || ng > 16) return false;
-    const bool wide = vq_cpu_has_avx512_vnni(); /* weights and row groups by kivi_avx512.c */
+    if (vq_cpu_has_avx512_vnni() && vq_kivi_accum_avx512(p, w, ld, rows, blk, block_tokens, t0, n, acc, scratch))
+        return true;
     /* 4 rows at a time, then 2, then 1 */
     for (int r0 = 0; r0 < rows;) {
         int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
         const float *wr = w + (size_t)r0 * ld;
         float *ar = acc + (size_t)r0 * d;
-        if (R == 4) accum_rows_bits(wr, ld, 4, d, G, bits, blk, block_tokens, t0, n, ar, scratch, wide);
-        else if (R == 2) accum_rows_bits(wr, ld, 2, d, G, bits, blk, block_tokens, t0, n, ar, scratch, wide);
-        else accum_rows_bits(wr, ld, 1, d, G, bits, blk, block_tokens, t0, n, ar, scratch, wide);
+        if (R == 4) accum_rows_bits(wr, ld, 4, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
+        else if (R == 2) accum_rows_bits(wr, ld, 2, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
+        else accum_rows_bits(wr, ld, 1, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
         r0 += R;
     }
     return true;
 }
 
-/* Scratch floats the two kernels above need (for 4 rows at a time). */
+/* Scratch floats the two kernels above need (for 4 rows at a time), or
+ * kivi_avx512.c's value driver, whichever is more. */
 size_t vq_kivi_scratch_avx2(const vq_mparams *p) {
     size_t d = (size_t)p->head_dim, ng = d / (size_t)p->group;
     if (!p->is_value) return 4 * d + 4; /* q' [4][d], zero terms [4] */
     /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], smax [CHUNK],
      * wp [ng][4][CHUNK/2], zv [4][ng][8] and 8 floats to align it */
-    return 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;
+    size_t n = 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;
+    size_t wide = vq_kivi_scratch_avx512((int)ng);
+    if (wide > n) n = wide;
+    return n;
 }

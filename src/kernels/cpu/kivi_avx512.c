@@ -1,18 +1,18 @@
 /* AVX-512 kernels for KIVI (2, 3, 4 and 8 bits) at CPU level avx512: the
  * key scores of a row group (4, 2 or 1 q heads of one kv head) 16 channels
- * per instruction, and the inner loop of the value accumulation for such a
- * group with VNNI (vpdpwssd adds the
+ * per instruction, and the value accumulation with VNNI (vpdpwssd adds the
  * madd of a token pair into the int32 sums in one instruction, where AVX2
- * needs a madd and an add). Both follow the AVX2 kernels' math exactly
- * (kivi_avx2.c's header has the why): q' = q * scale with the slot's power
- * of two, masked codes in place, FMAs into float partial sums for keys;
- * int16 weight pairs times codes summed in int32 for values. The drivers in
- * kivi_avx2.c call these for their row groups when the level and the
- * shape allow, so the tables (the value weights, their rounding
- * correction) are built once, by the same code, for both widths.
+ * needs a madd and an add). Both follow the AVX2 kernels' math (kivi_avx2.c's
+ * header has the why): q' = q * scale with the slot's power of two, masked
+ * codes in place, FMAs into float partial sums for keys; int16 weight pairs
+ * times codes summed in int32 for values. Keys: kivi_avx2.c's driver calls
+ * vq_kivi_score_rows_avx512 for its row groups when the shape allows.
+ * Values: vq_kivi_accum_avx512 is a whole driver of its own, which also
+ * builds each chunk's tables (the (scale, zero) floats by group, the int16
+ * weights) with AVX-512.
  *
  * Built with the AVX-512 flags of the other *_avx512.c files; the VNNI
- * function also carries its own target attribute, so no other code in
+ * functions also carry their own target attribute, so no other code in
  * these files can be compiled into VNNI instructions (Skylake-X has
  * AVX-512 without VNNI). */
 #include "reduce_avx512.h"
@@ -26,8 +26,8 @@
 #define ALWAYS_INLINE inline
 #endif
 
-/* Tokens per value chunk: kivi_avx2.c's CHUNK, the pair stride of its
- * weight table. */
+/* Tokens per value chunk: kivi_avx2.c's CHUNK (its comment has the why),
+ * the pair stride of the weight table. */
 #define CHUNK 32
 
 /* 2^e for a small e, as 16 floats. */
@@ -72,18 +72,23 @@ static ALWAYS_INLINE __m512 slot_f(__m512i x, const int b, const int j) {
 /* The partial dot products of K tokens (c + k cb) with R rows, one
  * accumulator per (token, row) as in kivi_avx2.c's dot_pair: each q' load
  * feeds K FMAs, and K = kt(R) gives R kt(R) independent chains. K = 1: one
- * token (tails). */
+ * token (tails). A token's codes are loaded again for every slot instead
+ * of held across the slots: holding 4 tokens' codes next to 16
+ * accumulators, 4 q' vectors and the masks, GCC 12 ran out of the 32
+ * registers and kept accumulators on the stack (2-bit, 4 rows, one block
+ * in L1: 33 -> 24 cycles a token). The empty asm stops it from merging the
+ * loads back into one. */
 static ALWAYS_INLINE void dot_tokens(const float *qs, const uint8_t *c, size_t cb, int stride, const int b, const int K,
                                      const int R, __m512 acc[8][4]) {
     const float *qp = qs;
     for (int k = 0; k < K; k++)
         for (int r = 0; r < R; r++) acc[k][r] = _mm512_setzero_ps();
     for (int u = 0; u < stride; u += 16) {
-        __m512i x[8];
-        for (int k = 0; k < K; k++) x[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + k * cb + u)));
         for (int j = 0; j < 8 / b; j++, qp += 16 * R)
             for (int k = 0; k < K; k++) {
-                __m512 f = slot_f(x[k], b, j);
+                __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + k * cb + u)));
+                __asm__("" : "+v"(x));
+                __m512 f = slot_f(x, b, j);
                 for (int r = 0; r < R; r++) acc[k][r] = _mm512_fmadd_ps(_mm512_loadu_ps(qp + 16 * r), f, acc[k][r]);
             }
     }
@@ -140,8 +145,40 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
         int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
         const uint16_t *sc = meta + (size_t)g * 2 * d;
         prep_keys(q, R, d, b, stride, bits == 3, sc, sc + d, qs, qz);
-        /* 8 tokens' partials per row summed by one transposing tree, 8
-         * logits per store (as the AVX2 kernel) */
+        if (R == 4) {
+            /* The 16 sums of each 4 tokens x 4 rows by one 16-vector tree
+             * (vq_sum16x16, lane 4 e + r: token e, row r), then rows 2 i
+             * and 2 i + 1 of 8 tokens gathered from two such vectors by one
+             * vpermt2ps. Against folding every accumulator to 8 lanes and
+             * summing 8 tokens a row by hadds: 2-bit 27 -> 24, 4-bit 27 ->
+             * 25 cycles a token (one block in L1). */
+            static const int32_t rows01[16] = {0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29};
+            static const int32_t rows23[16] = {2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31};
+            const __m512i sel[2] = {_mm512_loadu_si512(rows01), _mm512_loadu_si512(rows23)};
+            const __m512 qzv[2] = {_mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(qz[0]), _mm512_set1_ps(qz[1])),
+                                   _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(qz[2]), _mm512_set1_ps(qz[3]))};
+            for (; t + 8 <= end; t += 8) {
+                __m512 v[2];
+                for (int h = 0; h < 2; h++) {
+                    __m512 acc[8][4], a[16];
+                    if (bits == 3)
+                        dot_tokens_b3(qs, blk + (size_t)(t + 4 * h) * cb, cb, d, 4, 4, acc);
+                    else
+                        dot_tokens(qs, blk + (size_t)(t + 4 * h) * cb, cb, stride, b, 4, 4, acc);
+                    for (int r = 0; r < 4; r++)
+                        for (int e = 0; e < 4; e++) a[4 * r + e] = acc[e][r];
+                    v[h] = vq_sum16x16(a);
+                }
+                for (int i = 0; i < 2; i++) {
+                    __m512 x = _mm512_add_ps(_mm512_permutex2var_ps(v[0], sel[i], v[1]), qzv[i]);
+                    _mm256_storeu_ps(logits + (size_t)(2 * i) * ld + (t - t0), _mm512_castps512_ps256(x));
+                    _mm256_storeu_ps(logits + (size_t)(2 * i + 1) * ld + (t - t0),
+                                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+                }
+            }
+        }
+        /* fewer rows: 8 tokens' partials per row summed by one transposing
+         * tree, 8 logits per store (as the AVX2 kernel) */
         for (; t + 8 <= end; t += 8) {
             __m256 part[4][8]; /* [row][token] */
             for (int k = 0; k < 8; k += kt(R)) {
@@ -194,37 +231,17 @@ bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, co
 
 /* ---------------------------------------------------------------- values */
 
-/* kivi_avx2.c's prep_weights (its comment has the contract) for the 32
- * tokens of a chunk as two 16-lane vectors: the int16 weight pairs wp, the
- * zero terms and the rounding correction added into zv (8 lanes a group,
- * summed at the end of the call), the returned deq. The same operations
- * per token; only the order of the float sums in zv differs. */
-float vq_kivi_prep_weights_avx512(const float *wr, const float *sT, const float *smax, const float *zT, int ng,
-                                  int cmax, int32_t *wp, size_t gstride, __m256 *zv) {
-    const __m512 w0 = _mm512_loadu_ps(wr), w1 = _mm512_loadu_ps(wr + 16);
-    __m512 mx = _mm512_max_ps(_mm512_mul_ps(w0, _mm512_loadu_ps(smax)), _mm512_mul_ps(w1, _mm512_loadu_ps(smax + 16)));
-    float m = _mm512_reduce_max_ps(_mm512_max_ps(mx, _mm512_setzero_ps()));
-    float deq = m / 32767.0f;
-    /* a chunk whose largest weight is below 1e-30 gets zero int16 weights
-     * (see prep_weights) */
-    const __m512 inv = _mm512_set1_ps(m > 1e-30f ? 32767.0f / m : 0.0f);
-    const __m256 corr = _mm256_set1_ps(-0.5f * (float)cmax * deq);
-    const __m512 wi0 = _mm512_mul_ps(w0, inv), wi1 = _mm512_mul_ps(w1, inv);
-    for (int g = 0; g < ng; g++) {
-        const float *sg = sT + g * CHUNK, *zg = zT + g * CHUNK;
-        __m512 x0 = _mm512_mul_ps(wi0, _mm512_loadu_ps(sg)), x1 = _mm512_mul_ps(wi1, _mm512_loadu_ps(sg + 16));
-        __m512i i0 = _mm512_cvtps_epi32(x0), i1 = _mm512_cvtps_epi32(x1);
-        __m512 err = _mm512_add_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(i0), x0), _mm512_sub_ps(_mm512_cvtepi32_ps(i1), x1));
-        __m512 zw = _mm512_fmadd_ps(w1, _mm512_loadu_ps(zg + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(zg)));
-        /* 0 <= x <= 32767 after rounding: the truncating narrow keeps it */
-        _mm256_storeu_si256((__m256i *)(wp + g * gstride), _mm512_cvtepi32_epi16(i0));
-        _mm256_storeu_si256((__m256i *)(wp + g * gstride + 8), _mm512_cvtepi32_epi16(i1));
-        zv[g] = _mm256_fmadd_ps(vq_fold512(err), corr, _mm256_add_ps(zv[g], vq_fold512(zw)));
-    }
-    return deq;
-}
-
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* a + the pairwise int16 products of x and w (vpdpwssd). In asm because
+ * GCC 12 compiles the intrinsic into a copy of the accumulator before each
+ * instruction and back after it, and with 16 accumulators live spills
+ * some of them to the stack every iteration: 29 register moves and 3
+ * stores per 16 vpdpwssd in the 2-bit loop for 4 rows. */
+static ALWAYS_INLINE VNNI __m512i dpwssd(__m512i a, __m512i x, __m512i w) {
+    __asm__("vpdpwssd %2, %1, %0" : "+v"(a) : "v"(x), "v"(w));
+    return a;
+}
 
 /* Slot j of b-bit codes in 16-bit lanes x: the top slot shifted down (c),
  * a lower one masked in place (c * 2^(b j); add_rows takes the power back). */
@@ -264,8 +281,8 @@ static ALWAYS_INLINE VNNI void madd_slots(__m512i lo, __m512i hi, const int32_t 
         __m512i xl = take_slot(lo, b, j0 + s), xh = take_slot(hi, b, j0 + s);
         for (int r = 0; r < R; r++) {
             __m512i w = _mm512_set1_epi32(wj[s][r * (CHUNK / 2) + i]);
-            a[s][r][0] = _mm512_dpwssd_epi32(a[s][r][0], xl, w);
-            a[s][r][1] = _mm512_dpwssd_epi32(a[s][r][1], xh, w);
+            a[s][r][0] = dpwssd(a[s][r][0], xl, w);
+            a[s][r][1] = dpwssd(a[s][r][1], xh, w);
         }
     }
 }
@@ -371,8 +388,8 @@ static ALWAYS_INLINE VNNI void accum_run_b3(const uint8_t *codes, size_t cb, int
             widen_pairs32(join_b3(c2a, c1a, m1[s], j0 + s), join_b3(c2b, c1b, m1[s], j0 + s), &lo, &hi);
             for (int r = 0; r < R; r++) {
                 __m512i w = _mm512_set1_epi32(wj[s][r * (CHUNK / 2) + i]);
-                a[s][r][0] = _mm512_dpwssd_epi32(a[s][r][0], lo, w);
-                a[s][r][1] = _mm512_dpwssd_epi32(a[s][r][1], hi, w);
+                a[s][r][0] = dpwssd(a[s][r][0], lo, w);
+                a[s][r][1] = dpwssd(a[s][r][1], hi, w);
             }
         }
     }
@@ -383,8 +400,8 @@ static ALWAYS_INLINE VNNI void accum_run_b3(const uint8_t *codes, size_t cb, int
             widen_pairs32(x, x, &lo, &hi);
             for (int r = 0; r < R; r++) {
                 __m512i w = _mm512_set1_epi32(wj[s][r * (CHUNK / 2) + i]);
-                a[s][r][0] = _mm512_dpwssd_epi32(a[s][r][0], lo, w);
-                a[s][r][1] = _mm512_dpwssd_epi32(a[s][r][1], hi, w);
+                a[s][r][0] = dpwssd(a[s][r][0], lo, w);
+                a[s][r][1] = dpwssd(a[s][r][1], hi, w);
             }
         }
     }
@@ -423,12 +440,156 @@ static ALWAYS_INLINE VNNI void accum_bits(const uint8_t *codes, size_t cb, int c
     }
 }
 
-VNNI bool vq_kivi_accum_rows_avx512(const uint8_t *codes, size_t cb, int cn, int bits, int G, const int32_t *wp,
-                                    const float *deq, int R, float *acc, int d) {
-    if (G % 32 != 0) return false;
+/* A chunk's value metadata m ([CHUNK][ng][scale, zero] halves) as floats
+ * by group: sz[g * CHUNK + t] the scale of token t, sz[(ng + g) * CHUNK +
+ * t] its zero. Tokens from cn on read as 0: their weights are 0, and a
+ * slot not yet written may hold any bits, a NaN among them. With W = 2 ng
+ * halves a token a power of two, the 32 x W matrix of halves (W vectors)
+ * is transposed in registers: one unshuffle round (each output pair takes
+ * the even elements of an input pair, then the odd ones) rotates every
+ * element's index right by a bit, so after log2 W rounds half v of token t
+ * sits at v * 32 + t (8 vpermt2w a round for ng = 4, against a 24-shuffle
+ * 8 x 8 float transpose per 8 tokens and group pair in kivi_avx2.c). */
+static ALWAYS_INLINE void transpose_meta(const uint16_t *m, const int W, int cn, float *sz) {
+    static const int16_t ev[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+                                   32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+    const __m512i even = _mm512_loadu_si512(ev), odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+    __m512i v[16], o[16];
+    for (int i = 0; i < W; i++) {
+        int left = cn * W - 32 * i; /* halves of this vector inside the chunk */
+        __mmask32 k = left >= 32 ? 0xFFFFFFFFu : left > 0 ? (1u << left) - 1 : 0;
+        v[i] = _mm512_maskz_loadu_epi16(k, m + 32 * i);
+    }
+    for (int w = W; w > 1; w /= 2) {
+        for (int i = 0; i < W / 2; i++) {
+            o[i] = _mm512_permutex2var_epi16(v[2 * i], even, v[2 * i + 1]);
+            o[W / 2 + i] = _mm512_permutex2var_epi16(v[2 * i], odd, v[2 * i + 1]);
+        }
+        for (int i = 0; i < W; i++) v[i] = o[i];
+    }
+    const int ng = W / 2;
+    for (int j = 0; j < W; j++) { /* half j of a token: group j / 2, scale or zero */
+        float *dst = sz + ((j & 1) * ng + j / 2) * CHUNK;
+        _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm512_castsi512_si256(v[j])));
+        _mm512_storeu_ps(dst + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v[j], 1)));
+    }
+}
+
+static void chunk_meta(const uint16_t *m, int ng, int cn, float *sz) {
+    switch (ng) {
+    case 1: transpose_meta(m, 2, cn, sz); return;
+    case 2: transpose_meta(m, 4, cn, sz); return;
+    case 4: transpose_meta(m, 8, cn, sz); return;
+    case 8: transpose_meta(m, 16, cn, sz); return;
+    }
+    for (int g = 0; g < ng; g++)
+        for (int t = 0; t < CHUNK; t++) {
+            sz[g * CHUNK + t] = t < cn ? _cvtsh_ss(m[(t * ng + g) * 2]) : 0.0f;
+            sz[(ng + g) * CHUNK + t] = t < cn ? _cvtsh_ss(m[(t * ng + g) * 2 + 1]) : 0.0f;
+        }
+}
+
+/* One row's int16 weights for a chunk (kivi_avx2.c's prep_weights has the
+ * contract): w_t s_tg scaled so the chunk's largest is 32767, rounded,
+ * stored as the token pairs the VNNI loop reads (wp[g * gstride + pair]);
+ * returns the step deq. zacc[g] (16 lanes) gathers the float terms of
+ * group g: sum_t w_t z_tg, and the rounding's common mode, which
+ * kivi_avx2.c takes back as cmax/2 * deq * sum_t (round(x_t) - x_t) with
+ * x_t = w_t s_tg / deq. Here it is rewritten as
+ * cmax/2 * (deq * sum_t round(x_t) - sum_t w_t s_tg): the second sum
+ * joins the zero term through zs_tg = z_tg + cmax/2 s_tg (built once per
+ * chunk for all rows), the first is one integer add and one conversion
+ * per group instead of two conversions back and two subtractions. */
+static ALWAYS_INLINE float chunk_weights(const float *wr, int cn, const float *sz, const float *zs, const float *smax,
+                                         int ng, float half_cmax, int32_t *wp, size_t gstride, __m512 *zacc) {
+    const __mmask16 k0 = cn >= 16 ? 0xFFFF : (__mmask16)((1u << cn) - 1);
+    const __mmask16 k1 = cn >= 32 ? 0xFFFF : cn > 16 ? (__mmask16)((1u << (cn - 16)) - 1) : 0;
+    const __m512 w0 = _mm512_maskz_loadu_ps(k0, wr), w1 = _mm512_maskz_loadu_ps(k1, wr + 16);
+    __m512 mx = _mm512_max_ps(_mm512_mul_ps(w0, _mm512_loadu_ps(smax)), _mm512_mul_ps(w1, _mm512_loadu_ps(smax + 16)));
+    float m = _mm512_reduce_max_ps(_mm512_max_ps(mx, _mm512_setzero_ps()));
+    float deq = m / 32767.0f;
+    /* a chunk whose largest weight is below 1e-30 gets zero int16 weights
+     * (see kivi_avx2.c's prep_weights) */
+    const __m512 inv = _mm512_set1_ps(m > 1e-30f ? 32767.0f / m : 0.0f), rc = _mm512_set1_ps(-half_cmax * deq);
+    const __m512 wi0 = _mm512_mul_ps(w0, inv), wi1 = _mm512_mul_ps(w1, inv);
+    /* packs_epi32 interleaves its inputs by 64 bits per 128-bit lane;
+     * this puts the 64-bit pieces back in token order */
+    const __m512i order = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
+    for (int g = 0; g < ng; g++) {
+        const float *sg = sz + g * CHUNK, *zg = zs + g * CHUNK;
+        /* 0 <= x <= 32767 after rounding: packs_epi32 keeps it */
+        __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(wi0, _mm512_loadu_ps(sg)));
+        __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(wi1, _mm512_loadu_ps(sg + 16)));
+        _mm512_storeu_si512(wp + g * gstride, _mm512_permutexvar_epi64(order, _mm512_packs_epi32(i0, i1)));
+        __m512 z = _mm512_fmadd_ps(w0, _mm512_loadu_ps(zg), zacc[g]);
+        z = _mm512_fmadd_ps(w1, _mm512_loadu_ps(zg + 16), z);
+        zacc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), rc, z);
+    }
+    return deq;
+}
+
+/* Scratch floats of vq_kivi_accum_avx512: sz [2 ng][CHUNK], zs [ng][CHUNK],
+ * smax [CHUNK], wp [ng][4][CHUNK / 2] int32, zacc [4][ng][16] and 16 floats
+ * to align it to 64 bytes. */
+size_t vq_kivi_scratch_avx512(int ng) { return (size_t)ng * (3 * CHUNK + 4 * (CHUNK / 2) + 4 * 16) + CHUNK + 16; }
+
+/* Tokens [t0, t0 + n) of a block's values into R rows (4, 2 or 1). */
+static ALWAYS_INLINE VNNI void accum_group(const float *w, int ld, const int R, int d, int G, int bits,
+                                          const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
+                                          float *scratch) {
+    const int ng = d / G;
+    const size_t cb = (size_t)d * (size_t)bits / 8;
+    const float half_cmax = 0.5f * (float)(bits == 3 ? 7 : (1 << bits) - 1);
+    const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
+    float *sz = scratch, *zs = sz + 2 * ng * CHUNK, *smax = zs + ng * CHUNK;
+    int32_t *wp = (int32_t *)(smax + CHUNK);
+    __m512 *zacc = (__m512 *)(void *)(((uintptr_t)(wp + (size_t)ng * 4 * (CHUNK / 2)) + 63) & ~(uintptr_t)63);
+    for (int i = 0; i < R * ng; i++) zacc[i] = _mm512_setzero_ps();
+    const __m512 hc = _mm512_set1_ps(half_cmax);
+    for (int c0 = t0; c0 < t0 + n; c0 += CHUNK) {
+        const int cn = t0 + n - c0 < CHUNK ? t0 + n - c0 : CHUNK;
+        chunk_meta(meta + (size_t)c0 * ng * 2, ng, cn, sz);
+        for (int h = 0; h < CHUNK; h += 16) {
+            __m512 mx = _mm512_loadu_ps(sz + h);
+            for (int g = 0; g < ng; g++) {
+                __m512 sg = _mm512_loadu_ps(sz + g * CHUNK + h);
+                mx = _mm512_max_ps(mx, sg);
+                _mm512_storeu_ps(zs + g * CHUNK + h, _mm512_fmadd_ps(hc, sg, _mm512_loadu_ps(sz + (ng + g) * CHUNK + h)));
+            }
+            _mm512_storeu_ps(smax + h, mx);
+        }
+        float deq[4];
+        for (int r = 0; r < R; r++)
+            deq[r] = chunk_weights(w + (size_t)r * ld + (c0 - t0), cn, sz, zs, smax, ng, half_cmax,
+                                   wp + r * (CHUNK / 2), (size_t)R * (CHUNK / 2), zacc + r * ng);
+        accum_bits(blk + (size_t)c0 * cb, cb, cn, bits, G, wp, deq, R, acc, d);
+    }
+    /* the float terms, per group */
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < ng; g++) {
+            const __m512 z = _mm512_set1_ps(_mm512_reduce_add_ps(zacc[r * ng + g]));
+            float *o = acc + (size_t)r * d + g * G;
+            for (int c = 0; c < G; c += 16) _mm512_storeu_ps(o + c, _mm512_add_ps(_mm512_loadu_ps(o + c), z));
+        }
+}
+
+/* kivi_avx2.c's vq_kivi_accum_avx2 at CPU level avx512 with AVX512_VNNI:
+ * every row, 4, then 2, then 1 at a time; false (nothing done) for a
+ * shape it does not take. */
+VNNI bool vq_kivi_accum_avx512(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
+                               int block_tokens, int t0, int n, float *acc, float *scratch) {
+    const int d = p->head_dim, G = p->group, bits = p->bits;
+    const size_t cb = (size_t)d * (size_t)bits / 8;
+    if (G % 32 != 0 || d % G != 0 || d / G > 16) return false;
     if (bits == 3 ? d % 128 != 0 : (bits != 2 && bits != 4 && bits != 8) || cb % 32 != 0) return false;
-    if (R == 4) accum_bits(codes, cb, cn, bits, G, wp, deq, 4, acc, d);
-    else if (R == 2) accum_bits(codes, cb, cn, bits, G, wp, deq, 2, acc, d);
-    else accum_bits(codes, cb, cn, bits, G, wp, deq, 1, acc, d);
+    for (int r0 = 0; r0 < rows;) {
+        const int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
+        const float *wr = w + (size_t)r0 * ld;
+        float *ar = acc + (size_t)r0 * d;
+        if (R == 4) accum_group(wr, ld, 4, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
+        else if (R == 2) accum_group(wr, ld, 2, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
+        else accum_group(wr, ld, 1, d, G, bits, blk, block_tokens, t0, n, ar, scratch);
+        r0 += R;
+    }
     return true;
 }
