@@ -5,9 +5,10 @@
  * minimum is the best estimate of the code's cost on a shared, noisy
  * machine, the median says how noisy it was.
  *
- * Usage: bench_kernels [--seq N] [--dim D] [--reps R] [--heads HQ/HKV] [SPEC ...]
- * (default: 4096 tokens, d = 128, 400 repetitions, heads 8/2 and 32/8,
- * specs fp16, kivi:bits=2, kivi:bits=4). */
+ * Usage: bench_kernels [--seq N] [--dim D] [--reps R] [--heads HQ/HKV]
+ * [--cpu scalar|avx2|avx512] [SPEC ...] (default: 4096 tokens, d = 128, 400
+ * repetitions, heads 8/2 and 32/8, the machine's best kernel level, specs
+ * fp16, kivi:bits=2, kivi:bits=4). */
 #include "veloxquant.h"
 #include "synth.h"
 
@@ -79,20 +80,32 @@ static int bench_one(const char *spec, int hq, int hkv, int d, int seq, int reps
 int main(int argc, char **argv) {
     int seq = 4096, d = 128, reps = 400, nspec = 0;
     int heads[2][2] = {{8, 2}, {32, 8}}, nheads = 2;
-    const char *specs[16];
+    const char *specs[16], *cpu = "auto";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seq") && i + 1 < argc) seq = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dim") && i + 1 < argc) d = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--cpu") && i + 1 < argc) cpu = argv[++i];
         else if (!strcmp(argv[i], "--heads") && i + 1 < argc) {
             nheads = 1;
             if (sscanf(argv[++i], "%d/%d", &heads[0][0], &heads[0][1]) != 2) heads[0][0] = 0;
         }
         else if (nspec < 16) specs[nspec++] = argv[i];
     }
-    if (seq < 1 || d < 8 || reps < 1 || heads[0][0] < 1 || heads[0][1] < 1 || heads[0][0] % heads[0][1]) {
-        fprintf(stderr, "usage: bench_kernels [--seq N] [--dim D] [--reps R] [--heads HQ/HKV] [SPEC ...]\n"
+    vq_cpu_level level = !strcmp(cpu, "auto")     ? VQ_CPU_AUTO
+                         : !strcmp(cpu, "scalar") ? VQ_CPU_SCALAR
+                         : !strcmp(cpu, "avx2")   ? VQ_CPU_AVX2
+                         : !strcmp(cpu, "avx512") ? VQ_CPU_AVX512
+                                                  : (vq_cpu_level)-1;
+    if (seq < 1 || d < 8 || reps < 1 || heads[0][0] < 1 || heads[0][1] < 1 || heads[0][0] % heads[0][1] ||
+        level == (vq_cpu_level)-1) {
+        fprintf(stderr, "usage: bench_kernels [--seq N] [--dim D] [--reps R] [--heads HQ/HKV] "
+                        "[--cpu auto|scalar|avx2|avx512] [SPEC ...]\n"
                         "  (N, R >= 1, D >= 8, HQ a multiple of HKV >= 1)\n");
+        return 2;
+    }
+    if (vq_cpu_set_level(level) != VQ_OK) {
+        fprintf(stderr, "bench_kernels: %s\n", vq_last_error());
         return 2;
     }
     if (nspec == 0) {
@@ -100,7 +113,8 @@ int main(int argc, char **argv) {
         specs[nspec++] = "kivi:bits=2";
         specs[nspec++] = "kivi:bits=4";
     }
-    printf("bench_kernels: one decode step, 1 thread, %d tokens in cache, %d repetitions\n", seq, reps);
+    printf("bench_kernels: one decode step, 1 thread, %d tokens in cache, %d repetitions, kernels %s\n", seq, reps,
+           vq_cpu_level_name(vq_cpu_level_in_use()));
     for (int h = 0; h < nheads; h++)
         for (int s = 0; s < nspec; s++)
             if (bench_one(specs[s], heads[h][0], heads[h][1], d, seq, reps)) return 1;

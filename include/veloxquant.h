@@ -63,7 +63,7 @@ typedef enum {
     VQ_CPU_AUTO = -1,
     VQ_CPU_SCALAR = 0,
     VQ_CPU_AVX2 = 1,    /* AVX2 + FMA + F16C */
-    VQ_CPU_AVX512 = 2   /* AVX-512 F/BW/VL: conversions, fp16 attention, matmul; the other kernels run their AVX2 versions */
+    VQ_CPU_AVX512 = 2   /* AVX-512 F/BW/VL (VNNI, BF16 where present) for the kernels that have an AVX-512 version (README, "What is here"); the others run their AVX2 versions */
 } vq_cpu_level;
 
 vq_cpu_level vq_cpu_detect(void);           /* what the CPU supports */
