@@ -92,19 +92,17 @@ int main(int argc, char **argv) {
         }
         else if (nspec < 16) specs[nspec++] = argv[i];
     }
-    vq_cpu_level level = !strcmp(cpu, "auto")     ? VQ_CPU_AUTO
-                         : !strcmp(cpu, "scalar") ? VQ_CPU_SCALAR
-                         : !strcmp(cpu, "avx2")   ? VQ_CPU_AVX2
-                         : !strcmp(cpu, "avx512") ? VQ_CPU_AVX512
-                                                  : (vq_cpu_level)-1;
-    if (seq < 1 || d < 8 || reps < 1 || heads[0][0] < 1 || heads[0][1] < 1 || heads[0][0] % heads[0][1] ||
-        level == (vq_cpu_level)-1) {
+    static const char *const level_names[] = {"auto", "scalar", "avx2", "avx512"};
+    static const vq_cpu_level levels[] = {VQ_CPU_AUTO, VQ_CPU_SCALAR, VQ_CPU_AVX2, VQ_CPU_AVX512};
+    int li = 0;
+    while (li < 4 && strcmp(cpu, level_names[li])) li++;
+    if (seq < 1 || d < 8 || reps < 1 || heads[0][0] < 1 || heads[0][1] < 1 || heads[0][0] % heads[0][1] || li == 4) {
         fprintf(stderr, "usage: bench_kernels [--seq N] [--dim D] [--reps R] [--heads HQ/HKV] "
                         "[--cpu auto|scalar|avx2|avx512] [SPEC ...]\n"
                         "  (N, R >= 1, D >= 8, HQ a multiple of HKV >= 1)\n");
         return 2;
     }
-    if (vq_cpu_set_level(level) != VQ_OK) {
+    if (vq_cpu_set_level(levels[li]) != VQ_OK) {
         fprintf(stderr, "bench_kernels: %s\n", vq_last_error());
         return 2;
     }
