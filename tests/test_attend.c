@@ -97,6 +97,16 @@ int main(void) {
                     CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs[s],
                           dims[di], ratios[ri], e);
                 }
+        /* head dim 96 (group 32): plane strides that are not whole 16-byte
+         * runs (2-bit: 24 bytes; the AVX2 values take runs of 8) */
+        const char *specs96[] = {"kivi:bits=2", "kivi:bits=3", "kivi:bits=4", "kivi:bits=8,residual=0"};
+        int ratios96[] = {1, 4, 7};
+        for (int ri = 0; ri < 3; ri++)
+            for (int s = 0; s < 4; s++) {
+                double e = run_case(specs96[s], 2 * ratios96[ri], 2, 96, 700, 1, pool, NULL);
+                CHECK(e < 1e-4, "[%s] %s d 96 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs96[s],
+                      ratios96[ri], e);
+            }
         /* keys x 60: most weights underflow to 0 or to subnormals (a value
          * chunk whose weights all did once gave NaN through an inf scale) */
         for (int s = 0; s < n_specs; s++) {

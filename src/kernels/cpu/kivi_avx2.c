@@ -83,7 +83,7 @@ static inline __m256 pow2(int e) { return _mm256_castsi256_ps(_mm256_set1_epi32(
 
 /* Code bytes per token, and whether the plane strides (d * b / 8 bytes; for
  * 3 bits d/4 and d/8) are whole units of `unit` bytes (keys read 8 bytes at
- * a time, values 16). */
+ * a time, values 16, or 8 for 2-, 4- and 8-bit planes). */
 static size_t code_bytes(int bits, int d) { return (size_t)d * (size_t)bits / 8; }
 
 static bool planes_ok(int bits, int d, int unit) {
@@ -518,6 +518,36 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
     add_rows16(a, deq, slot_scale(bits, j), R, acc, d);
 }
 
+/* accum_slot16 for a run of 8 channels (8 bytes a token), for plane
+ * strides that are not whole 16-byte runs (2-bit codes at d = 96: 24
+ * bytes). Runs of 16 would cross value groups there (slot 1 holds channels
+ * 24-47 and groups are 32 wide); runs of 8 start at multiples of 8 and so
+ * stay inside a group. One madd per 8 channels of a pair and row, as in
+ * accum_slot16; the bytes of a pair fill one vector instead of two. */
+static ALWAYS_INLINE void accum_slot8(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, const int bits,
+                                      const int j, const float *deq, const int R, float *acc, int d) {
+    __v8si a[4];
+    for (int r = 0; r < R; r++) a[r] = (__v8si)_mm256_setzero_si256();
+    const uint8_t *ca = codes;
+    const int32_t *wt = wg;
+    const uint8_t *end = codes + (size_t)(cn & ~1) * cb;
+    for (; ca != end; ca += 2 * cb, wt++) {
+        __m128i xa = _mm_loadl_epi64((const __m128i *)ca), xb = _mm_loadl_epi64((const __m128i *)(ca + cb));
+        __m256i x = take_slot(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb)), bits, j);
+        for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wt[r * (CHUNK / 2)]));
+    }
+    if (cn & 1) { /* paired with itself: its partner's weight is 0 */
+        __m128i xa = _mm_loadl_epi64((const __m128i *)ca);
+        __m256i x = take_slot(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xa)), bits, j);
+        for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wt[r * (CHUNK / 2)]));
+    }
+    for (int r = 0; r < R; r++) {
+        float *o = acc + (size_t)r * d;
+        __m256 f = _mm256_set1_ps(deq[r] * slot_scale(bits, j));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[r]), f, _mm256_loadu_ps(o)));
+    }
+}
+
 /* The madds of one token pair (codes lo, hi; pair i of each slot's
  * weights wj[j]) into two accumulators per slot, for accum_run16_row. */
 static ALWAYS_INLINE void madd_slots(__m256i lo, __m256i hi, const int32_t *wj[4], int i, const int bits,
@@ -627,6 +657,14 @@ static ALWAYS_INLINE void accum_planes_b3(const uint8_t *codes, size_t cb, int c
 static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, const int bits, int G,
                                       const int32_t *wp, const float *deq, const int R, float *acc, int d) {
     const int stride = (int)cb;
+    if (stride % 16 != 0) { /* runs of 8 (accum_slot8) */
+        for (int u = 0; u < stride; u += 8)
+            for (int j = 0; j < 8 / bits; j++) {
+                int ch = j * stride + u, g = ch / G;
+                accum_slot8(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, deq, R, acc + ch, d);
+            }
+        return;
+    }
     if (R == 1) {
         for (int u = 0; u < stride; u += 16) accum_run16_row(codes, cb, cn, u, bits, G, wp, deq[0], acc);
         return;
@@ -767,7 +805,8 @@ static ALWAYS_INLINE void accum_rows_bits(const float *w, int ld, const int R, i
 bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *acc, float *scratch) {
     int d = p->head_dim, G = p->group, ng = d / G, bits = p->bits;
-    if (!planes_ok(bits, d, 16) || d % G != 0 || ng > 16) return false;
+    /* runs of 16 bytes, or of 8 for 2-, 4- and 8-bit planes (accum_slot8) */
+    if (!planes_ok(bits, d, bits == 3 ? 16 : 8) || d % G != 0 || ng > 16) return false;
     if (vq_cpu_has_avx512_vnni() && vq_kivi_accum_avx512(p, w, ld, rows, blk, block_tokens, t0, n, acc, scratch))
         return true;
     /* 4 rows at a time, then 2, then 1 */
