@@ -50,7 +50,7 @@
 /* Whether every 8-channel run of the part sits in 8 consecutive bytes. */
 static bool part_covered(const vq_code_part *p) {
     if (p->n % 8 != 0) return false;
-    if (p->bits == 3) return p->n % 64 == 0;
+    if (p->bits == 3) return p->n % 32 == 0; /* n % 64 == 32: ACROSS */
     if (p->bits != 1 && p->bits != 2 && p->bits != 4) return false;
     return (p->n * p->bits / 8) % 8 == 0;
 }
@@ -63,10 +63,13 @@ static bool part_covered(const vq_code_part *p) {
  * hi[a] + lo[b] in float (rvq's two stages, vq_code_part.halves), for a
  * single part: two vpermilps and an add, which measured cheaper than one
  * vpermps and the fold (rvq 2-bit: 56.7 -> 47.9 ns per (token, kv head)).
- * PLAIN: everything else. */
-enum { PLAIN, FOLDED, FOLDED_PRE, HALVES };
+ * ACROSS: 3-bit codes whose 1-bit plane slots (n / 8 bytes) are not whole
+ * runs of 8 (n = 96), for a single part (load_high). PLAIN: everything
+ * else. */
+enum { PLAIN, FOLDED, FOLDED_PRE, HALVES, ACROSS };
 
 static int part_kind(const vq_code_part *p, int nparts) {
+    if (p->bits == 3 && p->n % 64 != 0) return ACROSS;
     if (p->bits != 4) return PLAIN;
     if (p->halves && nparts == 1) return HALVES;
     for (int c = 0; c < 8; c++) {
@@ -222,6 +225,28 @@ static ALWAYS_INLINE __m256 part_levels(__m256i x, const int B, const int F, int
     return levels(x, B, j, ta, tb);
 }
 
+/* The 1-bit plane bytes c1 (s1 = n / 8 bytes a 1-bit slot) of the 8
+ * channels of 2-bit plane run u, one per lane, with the high bit of a
+ * channel of 2-bit slot j at bit 2 j (ACROSS parts). Lane i's byte is
+ * (u + i) mod s1; the channels of a 2-bit slot's second half (u + i >= s1)
+ * sit one 1-bit slot higher, so their bytes are shifted down once. When s1
+ * is not a multiple of 8 (n = 96: s1 = 12) the run at u = s1 - 4 takes its
+ * first four bytes from the end of the plane and its last four, shifted,
+ * from its start. PLAIN 3-bit parts (s1 a multiple of 8) do the same with
+ * a shift by 0 or 1 per run; ACROSS has kernels of its own (score_b3x,
+ * accum_b3x) because a branch in the shared ones made GCC allocate their
+ * registers worse (tq-prod 4-bit keys at d = 128: 33 -> 37 ns per token and
+ * kv head in cache). */
+static ALWAYS_INLINE __m256i load_high(const uint8_t *c1, int u, int s1) {
+    if (u + 8 <= s1) return load_u8x8(c1 + u);
+    if (u >= s1) return _mm256_srli_epi32(load_u8x8(c1 + u - s1), 1);
+    int32_t lo, hi; /* s1 - u = 4 */
+    memcpy(&lo, c1 + u, 4);
+    memcpy(&hi, c1, 4);
+    __m256i h = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, hi, lo));
+    return _mm256_srlv_epi32(h, _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
+}
+
 /* Levels of 3-bit codes: slot j of the 2-bit plane bytes x, high bit hb of
  * the 1-bit plane bytes h. */
 static ALWAYS_INLINE __m256 levels3(__m256i x, __m256i h, int j, int hb, __m256 ta, __m256 tb) {
@@ -252,9 +277,14 @@ static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, co
         int s2 = p->n / 4, s1 = p->n / 8;
         for (int u = 0; u < s2; u += 8) {
             int half = u < s1 ? 0 : 1, v = u - half * s1;
-            __m256i x0 = load_u8x8(c0 + u), x1 = load_u8x8(c1 + u);
-            __m256i h0 = _mm256_srli_epi32(load_u8x8(c0 + s2 + v), half);
-            __m256i h1 = _mm256_srli_epi32(load_u8x8(c1 + s2 + v), half);
+            __m256i x0 = load_u8x8(c0 + u), x1 = load_u8x8(c1 + u), h0, h1;
+            if (F == ACROSS) {
+                h0 = load_high(c0 + s2, u, s1);
+                h1 = load_high(c1 + s2, u, s1);
+            } else {
+                h0 = _mm256_srli_epi32(load_u8x8(c0 + s2 + v), half);
+                h1 = _mm256_srli_epi32(load_u8x8(c1 + s2 + v), half);
+            }
             for (int j = 0; j < 4; j++) {
                 __m256 v0 = levels3(x0, h0, j, 2 * j, ta, tb), v1 = levels3(x1, h1, j, 2 * j, ta, tb);
                 for (int r = 0; r < R; r++, qs += 8) {
@@ -450,12 +480,18 @@ static NOINLINE void score_b4_halves(const vq_code_part *parts, int nparts, cons
     score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 4, HALVES);
 }
 
+static NOINLINE void score_b3x(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                               const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q, int d,
+                               int rows, float *logits, int ld, float *qs) {
+    score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 3, ACROSS);
+}
+
 static score_fn *score_pick(const vq_code_part *parts, int nparts, const int *kind) {
     if (nparts != 1) return score_any;
     switch (parts[0].bits) {
     case 1: return score_b1;
     case 2: return score_b2;
-    case 3: return score_any; /* measured 3-5 % faster there than alone */
+    case 3: return kind[0] == ACROSS ? score_b3x : score_any; /* PLAIN: measured 3-5 % faster there than alone */
     default: return kind[0] == FOLDED_PRE ? score_b4_pre : kind[0] == HALVES ? score_b4_halves : score_any;
     }
 }
@@ -485,6 +521,7 @@ static bool prepare_parts(const vq_code_part *parts, int nparts, size_t cb, int 
     for (int k = 0; k < nparts; k++) {
         if (!part_covered(&parts[k])) return false;
         kind[k] = part_kind(&parts[k], nparts);
+        if (kind[k] == ACROSS && nparts > 1) return false; /* single parts only (score_b3x) */
     }
     *pre = prefold(parts, nparts, cb, kind);
     for (int k = 0; k < nparts; k++) part_tables(&parts[k], kind[k], tabs + 16 * k);
@@ -515,6 +552,12 @@ static NOINLINE void score_signs_b2(const vq_code_part *parts, const float *tabs
                                     const float *stab) {
     score_rows(parts, 1, tabs, kind, codes, cb, norms, n, q, d, 4, logits, ld, qs, 2, PLAIN, 1, sp, stab);
 }
+static NOINLINE void score_signs_b3x(const vq_code_part *parts, const float *tabs, const int *kind,
+                                     const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
+                                     int d, float *logits, int ld, float *qs, const vq_sign_part *sp,
+                                     const float *stab) {
+    score_rows(parts, 1, tabs, kind, codes, cb, norms, n, q, d, 4, logits, ld, qs, 3, ACROSS, 1, sp, stab);
+}
 static NOINLINE void score_signs_any(const vq_code_part *parts, const float *tabs, const int *kind,
                                      const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
                                      int d, float *logits, int ld, float *qs, const vq_sign_part *sp,
@@ -535,6 +578,8 @@ int vq_codes_signs_score_avx2(const vq_code_part *parts, int nparts, const vq_si
         const float *qr = q + (size_t)r * d, *stab = sp->tab + (size_t)r * 32 * sp->m;
         float *lr = logits + (size_t)r * ld;
         if (parts[0].bits == 2) score_signs_b2(parts, tabs, kind, codes, cb, norms, n, qr, d, lr, ld, scratch, sp, stab);
+        else if (kind[0] == ACROSS)
+            score_signs_b3x(parts, tabs, kind, codes, cb, norms, n, qr, d, lr, ld, scratch, sp, stab);
         else score_signs_any(parts, tabs, kind, codes, cb, norms, n, qr, d, lr, ld, scratch, sp, stab);
     }
     return r;
@@ -569,7 +614,10 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
                 const uint8_t *ct = c + (size_t)t * cb;
                 __m256i x = F == FOLDED ? load_folded(ct + u) : load_plane(ct + u, B);
                 __m256 v[8];
-                if (B == 3) {
+                if (B == 3 && F == ACROSS) {
+                    __m256i h = load_high(ct + stride, u, s1);
+                    for (int g = 0; g < G; g++) v[g] = levels3(x, h, j0 + g, 2 * (j0 + g), ta, tb);
+                } else if (B == 3) {
                     __m256i h = load_u8x8(ct + stride + u % s1);
                     for (int g = 0; g < G; g++) v[g] = levels3(x, h, j0 + g, 2 * (j0 + g) + u / s1, ta, tb);
                 } else {
@@ -777,12 +825,18 @@ static NOINLINE void accum_b4_halves(const vq_code_part *parts, int nparts, cons
     accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 4, HALVES);
 }
 
+static NOINLINE void accum_b3x(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                               const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w, int ld,
+                               int rows, float *acc, int d) {
+    accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 3, ACROSS);
+}
+
 static accum_fn *accum_pick(const vq_code_part *parts, int nparts, const int *kind) {
     if (nparts != 1) return accum_any;
     switch (parts[0].bits) {
     case 1: return accum_b1;
     case 2: return accum_b2;
-    case 3: return accum_any; /* as in score_pick */
+    case 3: return kind[0] == ACROSS ? accum_b3x : accum_any; /* PLAIN: as in score_pick */
     default: return kind[0] == FOLDED_PRE ? accum_b4_pre : kind[0] == HALVES ? accum_b4_halves : accum_any;
     }
 }
