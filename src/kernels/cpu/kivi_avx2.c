@@ -91,6 +91,28 @@ static bool planes_ok(int bits, int d, int unit) {
     return code_bytes(bits, d) % (size_t)unit == 0;
 }
 
+/* 3-bit codes whose 1-bit plane slots (s1 = d / 8 bytes) are not whole runs
+ * of 8 bytes while the 2-bit ones (d / 4) are: d = 96 (s1 = 12). The
+ * kernels then take 8-byte runs with high_bytes8 in instances of their own
+ * (`across`), so those for whole runs keep their code. */
+static bool b3_across(int d) { return (d / 4) % 8 == 0 && (d / 8) % 8 != 0; }
+
+/* The 1-bit plane bytes c1 of the 8 channels of 2-bit plane run u (across
+ * instances): byte i is (u + i) mod s1, and the channels of a 2-bit slot's
+ * second half (u + i >= s1), whose high bit sits one 1-bit slot higher, get
+ * their byte shifted right by one bit, so every channel of 2-bit slot j
+ * finds its bit at 2 j. The run at u = s1 - 4 takes four bytes from the end
+ * of the plane and four from its start. A shift of a whole word moves a
+ * bit across a byte edge only into bit 7, which no slot reads. */
+static ALWAYS_INLINE __m128i high_bytes8(const uint8_t *c1, int u, int s1) {
+    if (u + 8 <= s1) return _mm_loadl_epi64((const __m128i *)(c1 + u));
+    if (u >= s1) return _mm_srli_epi64(_mm_loadl_epi64((const __m128i *)(c1 + u - s1)), 1);
+    uint32_t lo, hi; /* s1 - u = 4 */
+    memcpy(&lo, c1 + u, 4);
+    memcpy(&hi, c1, 4);
+    return _mm_cvtsi64_si128((long long)((uint64_t)lo | (uint64_t)(hi >> 1) << 32));
+}
+
 /* ------------------------------------------------------------------ keys */
 
 /* How the key kernel walks a token's codes: b-bit slots of plane bytes
@@ -181,14 +203,18 @@ static ALWAYS_INLINE void dot_plane(const float *qs, const uint8_t *c, int strid
  * plane bytes u mod s1, the same channels) joined into c2 + 4 c1 before
  * one conversion and one FMA per row. One pass per plane set did every
  * conversion and FMA twice. */
-static ALWAYS_INLINE void dot_b3(const float *qs, const uint8_t *c, int d, const int R, __m256 *acc) {
+static ALWAYS_INLINE __m128i high_bytes8(const uint8_t *c1, int u, int s1);
+
+static ALWAYS_INLINE void dot_b3(const float *qs, const uint8_t *c, int d, const int R, const bool across,
+                                 __m256 *acc) {
     const int s2 = d / 4, s1 = d / 8;
     const __m256i three = _mm256_set1_epi32(3), four = _mm256_set1_epi32(4);
     const float *qp = qs;
     for (int u = 0; u < s2; u += 8) {
         __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + u)));
-        __m256i y = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + s2 + u % s1))), 2);
-        int k0 = u / s1; /* the 1-bit slot of j = 0 */
+        __m128i hb = across ? high_bytes8(c + s2, u, s1) : _mm_loadl_epi64((const __m128i *)(c + s2 + u % s1));
+        __m256i y = _mm256_slli_epi32(_mm256_cvtepu8_epi32(hb), 2);
+        int k0 = across ? 0 : u / s1; /* the 1-bit slot of j = 0 */
         for (int j = 0; j < 4; j++) {
             __m256i c2 = _mm256_and_si256(_mm256_srli_epi32(x, 2 * j), three);
             __m256i c1 = _mm256_and_si256(_mm256_srli_epi32(y, 2 * j + k0), four);
@@ -233,7 +259,8 @@ static ALWAYS_INLINE void dot_pair(const float *qs, const uint8_t *c, size_t cb,
 
 /* dot_b3 for two tokens and 4 rows (as dot_pair: one accumulator per
  * (token, row), each q' load feeding two FMAs). */
-static ALWAYS_INLINE void dot_b3_pair(const float *qs, const uint8_t *c, size_t cb, int d, __m256 acc[2][4]) {
+static ALWAYS_INLINE void dot_b3_pair(const float *qs, const uint8_t *c, size_t cb, int d, const bool across,
+                                      __m256 acc[2][4]) {
     const int s2 = d / 4, s1 = d / 8;
     const float *qp = qs;
     for (int k = 0; k < 2; k++)
@@ -243,9 +270,10 @@ static ALWAYS_INLINE void dot_b3_pair(const float *qs, const uint8_t *c, size_t 
         for (int k = 0; k < 2; k++) {
             const uint8_t *ck = c + k * cb;
             x[k] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ck + u)));
-            y[k] = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ck + s2 + u % s1))), 2);
+            __m128i hb = across ? high_bytes8(ck + s2, u, s1) : _mm_loadl_epi64((const __m128i *)(ck + s2 + u % s1));
+            y[k] = _mm256_slli_epi32(_mm256_cvtepu8_epi32(hb), 2);
         }
-        int k0 = u / s1; /* the 1-bit slot of j = 0 */
+        int k0 = across ? 0 : u / s1; /* the 1-bit slot of j = 0 */
         for (int j = 0; j < 4; j++, qp += 32)
             for (int k = 0; k < 2; k++) {
                 __m256i c2 = _mm256_and_si256(_mm256_srli_epi32(x[k], 2 * j), _mm256_set1_epi32(3));
@@ -259,11 +287,11 @@ static ALWAYS_INLINE void dot_b3_pair(const float *qs, const uint8_t *c, size_t 
 /* One token's per-lane partial dot products: v[r] for 4 or 2 rows (8 lanes
  * each, summed later), or for one row spread over v[0..3]. */
 static ALWAYS_INLINE void dot_token(const float *qs, const uint8_t *ct, int d, const int bits, const int R,
-                                    __m256 v[4]) {
+                                    const bool across, __m256 v[4]) {
     __m256 acc[8];
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
     if (bits == 3) {
-        dot_b3(qs, ct, d, R, acc);
+        dot_b3(qs, ct, d, R, across, acc);
     } else {
         dot_plane(qs, ct, (int)code_bytes(bits, d), bits, R, acc);
     }
@@ -275,8 +303,9 @@ static ALWAYS_INLINE void dot_token(const float *qs, const uint8_t *ct, int d, c
 /* Scores tokens [t0, t0 + n) for R rows (4, 2 or 1); bits and R are constants
  * in each caller, so the unpacking uses immediate masks and the
  * accumulators stay in registers. */
-static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, const int bits, const uint8_t *blk,
-                                     int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
+static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, const int bits, const bool across,
+                                     const uint8_t *blk, int block_tokens, int t0, int n, float *logits, int ld,
+                                     float *scratch) {
     size_t cb = code_bytes(bits, d);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
     plane_set ps = key_planes(bits, d);
@@ -295,7 +324,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
             __m256 part[4][8]; /* [row][token] */
             for (int k = 0; R <= 2 && k < 8; k++) {
                 __m256 v[4];
-                dot_token(qs, blk + (size_t)(t + k) * cb, d, bits, R, v);
+                dot_token(qs, blk + (size_t)(t + k) * cb, d, bits, R, across, v);
                 if (R == 1) {
                     part[0][k] = _mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3]));
                 } else {
@@ -307,7 +336,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
                 __m256 acc[2][4];
                 const uint8_t *ct = blk + (size_t)(t + k) * cb;
                 if (bits == 3)
-                    dot_b3_pair(qs, ct, cb, d, acc);
+                    dot_b3_pair(qs, ct, cb, d, across, acc);
                 else
                     dot_pair(qs, ct, cb, (int)cb, bits, acc);
                 for (int r = 0; r < 4; r++) {
@@ -325,7 +354,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
         }
         for (; t < end; t++) {
             __m256 v[4];
-            dot_token(qs, blk + (size_t)t * cb, d, bits, R, v);
+            dot_token(qs, blk + (size_t)t * cb, d, bits, R, across, v);
             float *l = logits + (t - t0);
             if (R == 1) {
                 l[0] = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3]))) + qz[0];
@@ -351,17 +380,20 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
 static ALWAYS_INLINE void score_rows_bits(const float *q, const int R, int d, int G, int bits, const uint8_t *blk,
                                           int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
     switch (bits) {
-    case 2: score_rows(q, R, d, G, 2, blk, block_tokens, t0, n, logits, ld, scratch); break;
-    case 3: score_rows(q, R, d, G, 3, blk, block_tokens, t0, n, logits, ld, scratch); break;
-    case 4: score_rows(q, R, d, G, 4, blk, block_tokens, t0, n, logits, ld, scratch); break;
-    default: score_rows(q, R, d, G, 8, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    case 2: score_rows(q, R, d, G, 2, false, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    case 3:
+        if (b3_across(d)) score_rows(q, R, d, G, 3, true, blk, block_tokens, t0, n, logits, ld, scratch);
+        else score_rows(q, R, d, G, 3, false, blk, block_tokens, t0, n, logits, ld, scratch);
+        break;
+    case 4: score_rows(q, R, d, G, 4, false, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    default: score_rows(q, R, d, G, 8, false, blk, block_tokens, t0, n, logits, ld, scratch); break;
     }
 }
 
 bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
     int d = p->head_dim, bits = p->bits, G = p->group;
-    if (!planes_ok(bits, d, 8)) return false;
+    if (!planes_ok(bits, d, 8) && !(bits == 3 && b3_across(d))) return false;
     const bool wide = vq_cpu_has_avx512(); /* row groups by kivi_avx512.c */
     /* 4 rows at a time, then 2, then 1: the rows of one call share every
      * code load and conversion */
@@ -636,6 +668,48 @@ static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, 
     add_rows16(a, deq, 1.0f / (float)(1 << (j < 3 ? 2 * j : 4)), R, acc, d);
 }
 
+/* accum_slot16_b3 for a run of 8 channels u .. u + 7 of 2-bit slot j
+ * (across shapes, b3_across): the high bits come from high_bytes8, which
+ * puts every channel's at bit 2 j, so join_b3 takes h = 0; the pair fills
+ * one vector of 8 channel pairs (as accum_slot8). */
+static ALWAYS_INLINE void accum_slot8_b3(const uint8_t *c2, const uint8_t *c1, int u, int s1, size_t cb, int cn,
+                                         const int32_t *wg, const int j, const float *deq, const int R, float *acc,
+                                         int d) {
+    __v8si a[4];
+    for (int r = 0; r < R; r++) a[r] = (__v8si)_mm256_setzero_si256();
+    const uint8_t *end = c2 + (size_t)(cn & ~1) * cb;
+    for (; c2 != end; c2 += 2 * cb, c1 += 2 * cb, wg++) {
+        __m128i xa = join_b3(_mm_loadl_epi64((const __m128i *)c2), high_bytes8(c1, u, s1), j, 0);
+        __m128i xb = join_b3(_mm_loadl_epi64((const __m128i *)(c2 + cb)), high_bytes8(c1 + cb, u, s1), j, 0);
+        __m256i x = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb));
+        for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wg[r * (CHUNK / 2)]));
+    }
+    if (cn & 1) { /* paired with itself: its partner's weight is 0 */
+        __m128i xa = join_b3(_mm_loadl_epi64((const __m128i *)c2), high_bytes8(c1, u, s1), j, 0);
+        __m256i x = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xa));
+        for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wg[r * (CHUNK / 2)]));
+    }
+    for (int r = 0; r < R; r++) {
+        float *o = acc + (size_t)r * d;
+        __m256 f = _mm256_set1_ps(deq[r] / (float)(1 << (j < 3 ? 2 * j : 4)));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[r]), f, _mm256_loadu_ps(o)));
+    }
+}
+
+/* Every channel of 3-bit codes of an across shape (b3_across) for one
+ * chunk: runs of 8 channels (they stay inside a value group, which is a
+ * multiple of 8 wide). */
+static ALWAYS_INLINE void accum_planes_b3x(const uint8_t *codes, size_t cb, int cn, int G, const int32_t *wp,
+                                           const float *deq, const int R, float *acc, int d) {
+    const int s2 = d / 4, s1 = d / 8;
+    for (int u = 0; u < s2; u += 8)
+        for (int j = 0; j < 4; j++) {
+            int ch = j * s2 + u, g = ch / G;
+            accum_slot8_b3(codes + u, codes + s2, u, s1, cb, cn, wp + (size_t)g * R * (CHUNK / 2), j, deq, R, acc + ch,
+                           d);
+        }
+}
+
 /* Every channel of 3-bit codes for one chunk and R rows (4, 2 or 1). Channel
  * ch = j s2 + u + i (s2 = d / 4, the 2-bit plane stride; u a multiple of
  * 16) has its high bit in byte (u mod s1) + i, slot 2 j + u / s1, of the
@@ -718,7 +792,7 @@ static void regroup_meta4(const uint16_t *m, int ng, float *sT, float *zT) {
 }
 
 /* Accumulates tokens [t0, t0 + n) into R rows (4, 2 or 1). */
-static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d, int G, const int bits,
+static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d, int G, const int bits, const bool across,
                                      const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
                                      float *scratch) {
     int ng = d / G, cmax = bits == 3 ? 7 : (1 << bits) - 1;
@@ -775,7 +849,8 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
         }
         const uint8_t *codes = blk + (size_t)c0 * cb;
         if (bits == 3) {
-            accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d);
+            if (across) accum_planes_b3x(codes, cb, cn, G, wp, deq, R, acc, d);
+            else accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d);
         } else {
             accum_plane(codes, cb, cn, bits, G, wp, deq, R, acc, d);
         }
@@ -795,10 +870,13 @@ static ALWAYS_INLINE void accum_rows_bits(const float *w, int ld, const int R, i
                                           const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
                                           float *scratch) {
     switch (bits) {
-    case 2: accum_rows(w, ld, R, d, G, 2, blk, block_tokens, t0, n, acc, scratch); break;
-    case 3: accum_rows(w, ld, R, d, G, 3, blk, block_tokens, t0, n, acc, scratch); break;
-    case 4: accum_rows(w, ld, R, d, G, 4, blk, block_tokens, t0, n, acc, scratch); break;
-    default: accum_rows(w, ld, R, d, G, 8, blk, block_tokens, t0, n, acc, scratch); break;
+    case 2: accum_rows(w, ld, R, d, G, 2, false, blk, block_tokens, t0, n, acc, scratch); break;
+    case 3:
+        if (b3_across(d)) accum_rows(w, ld, R, d, G, 3, true, blk, block_tokens, t0, n, acc, scratch);
+        else accum_rows(w, ld, R, d, G, 3, false, blk, block_tokens, t0, n, acc, scratch);
+        break;
+    case 4: accum_rows(w, ld, R, d, G, 4, false, blk, block_tokens, t0, n, acc, scratch); break;
+    default: accum_rows(w, ld, R, d, G, 8, false, blk, block_tokens, t0, n, acc, scratch); break;
     }
 }
 
@@ -806,7 +884,8 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
                         int block_tokens, int t0, int n, float *acc, float *scratch) {
     int d = p->head_dim, G = p->group, ng = d / G, bits = p->bits;
     /* runs of 16 bytes, or of 8 for 2-, 4- and 8-bit planes (accum_slot8) */
-    if (!planes_ok(bits, d, bits == 3 ? 16 : 8) || d % G != 0 || ng > 16) return false;
+    if (!(planes_ok(bits, d, bits == 3 ? 16 : 8) || (bits == 3 && b3_across(d))) || d % G != 0 || ng > 16)
+        return false;
     if (vq_cpu_has_avx512_vnni() && vq_kivi_accum_avx512(p, w, ld, rows, blk, block_tokens, t0, n, acc, scratch))
         return true;
     /* 4 rows at a time, then 2, then 1 */
