@@ -98,14 +98,18 @@ int main(void) {
                           dims[di], ratios[ri], e);
                 }
         /* head dim 96: plane strides that are not whole 16-byte runs (KIVI
-         * 2-bit: 24 bytes; the AVX2 values take runs of 8), and 3-bit codes
-         * whose 1-bit planes are 12 bytes (scalar; tq-prod 4-bit has 3-bit
-         * codes) */
-        const char *specs96[] = {"kivi:bits=2", "kivi:bits=3", "kivi:bits=4", "kivi:bits=8,residual=0",
-                                 "tq-mse:bits=3", "tq-prod:bits=4,residual=8"};
+         * 2-bit: 24 bytes; the AVX2 values take runs of 8), 3-bit codes
+         * whose 1-bit planes are 12 bytes (a run of 8 channels takes its
+         * high bits from both halves; tq-prod 4-bit has 3-bit codes), and
+         * 1-bit codes of 12 bytes (a run of 4 at the end; tq-prod 2-bit has
+         * 1-bit codes) */
+        const char *specs96[] = {"kivi:bits=2",   "kivi:bits=3",   "kivi:bits=4",
+                                 "kivi:bits=8,residual=0",         "tq-mse:bits=3",
+                                 "tq-prod:bits=4,residual=8",      "tq-mse:bits=1",
+                                 "tq-prod:bits=2,residual=8"};
         int ratios96[] = {1, 4, 7};
         for (int ri = 0; ri < 3; ri++)
-            for (int s = 0; s < 6; s++) {
+            for (int s = 0; s < 8; s++) {
                 double e = run_case(specs96[s], 2 * ratios96[ri], 2, 96, 700, 1, pool, NULL);
                 CHECK(e < 1e-4, "[%s] %s d 96 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs96[s],
                       ratios96[ri], e);

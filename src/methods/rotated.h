@@ -53,8 +53,13 @@ typedef struct {
  * Accum: acc[r][c] += sum_t w[r * ld + t] * norms[t] * level_t[c].
  * scratch: vq_codes_scratch(d, rows) floats (both). */
 /* Scratch floats of vq_codes_score and vq_codes_accum: q of 4 rows in the
- * AVX2 kernel's reading order, or the scalar path's per-part row sums. */
-static inline size_t vq_codes_scratch(int d, int rows) { return 4 * (size_t)d + 2 * (size_t)rows; }
+ * AVX2 kernel's reading order (runs of 8 bytes of each plane: a 1-bit part
+ * of 96 channels reads 2 runs of 8 channels for each of its 8 slots, so
+ * the head dim is rounded up to 64), or the scalar path's per-part row
+ * sums. */
+static inline size_t vq_codes_scratch(int d, int rows) {
+    return 4 * ((size_t)d + 63) / 64 * 64 + 2 * (size_t)rows;
+}
 void vq_codes_score(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb, const uint16_t *norms,
                     int n, const float *q, int d, int rows, float *logits, int ld, float *scratch);
 void vq_codes_accum(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb, const uint16_t *norms,

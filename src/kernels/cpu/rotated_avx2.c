@@ -51,9 +51,18 @@
 static bool part_covered(const vq_code_part *p) {
     if (p->n % 8 != 0) return false;
     if (p->bits == 3) return p->n % 32 == 0; /* n % 64 == 32: ACROSS */
-    if (p->bits != 1 && p->bits != 2 && p->bits != 4) return false;
+    if (p->bits == 1) return p->n % 32 == 0;  /* n % 64 == 32: a 4-byte tail, see tail_bytes */
+    if (p->bits != 2 && p->bits != 4) return false;
     return (p->n * p->bits / 8) % 8 == 0;
 }
+
+/* Bytes of a part's last run of 8 that belong to it: 4 for a 1-bit part
+ * of n % 64 == 32 channels (n = 96: 12 bytes a token), else 8. Keys read
+ * the whole run (the bytes after a token's codes are more codes or the
+ * block's norms, inside the block) with q' zero in the lanes past the
+ * part (prep_part); values mask those lanes of the accumulators
+ * (accum_pairs_tail). Single 1-bit parts only (prepare_parts). */
+static int tail_bytes(const vq_code_part *p) { return p->bits == 1 && p->n % 64 == 32 ? 4 : 8; }
 
 /* How a part's levels are looked up. FOLDED: 4-bit levels that are
  * antisymmetric, bit for bit: table[15 - c] == -table[c] (Lloyd-Max
@@ -319,10 +328,14 @@ static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, co
  * row) the kernel ran out of registers. */
 static void prep_part(const vq_code_part *p, const int R, const float *q, int d, float *qs) {
     int slots = p->bits == 3 ? 4 : 8 / p->bits, stride = p->n / slots;
-    for (int u = 0; u < stride; u += 8)
+    for (int u = 0; u < stride; u += 8) {
+        /* lanes past the part's bytes (tail_bytes): zero, not read */
+        const int live = stride - u < 8 ? stride - u : 8;
+        const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         for (int j = 0; j < slots; j++)
             for (int r = 0; r < R; r++, qs += 8)
-                _mm256_storeu_ps(qs, _mm256_loadu_ps(q + (size_t)r * d + j * stride + u));
+                _mm256_storeu_ps(qs, _mm256_maskload_ps(q + (size_t)r * d + j * stride + u, keep));
+    }
 }
 
 /* logits[r][t] *= norms[t] for R rows: once per call, 8 tokens a step, so
@@ -521,7 +534,7 @@ static bool prepare_parts(const vq_code_part *parts, int nparts, size_t cb, int 
     for (int k = 0; k < nparts; k++) {
         if (!part_covered(&parts[k])) return false;
         kind[k] = part_kind(&parts[k], nparts);
-        if (kind[k] == ACROSS && nparts > 1) return false; /* single parts only (score_b3x) */
+        if ((kind[k] == ACROSS || tail_bytes(&parts[k]) < 8) && nparts > 1) return false; /* single parts only */
     }
     *pre = prefold(parts, nparts, cb, kind);
     for (int k = 0; k < nparts; k++) part_tables(&parts[k], kind[k], tabs + 16 * k);
@@ -700,8 +713,11 @@ static NOINLINE void accum_any(const vq_code_part *parts, int nparts, const floa
  * then one shift away, as for 2-bit codes. */
 
 /* Words w[i] = bits of a[i] at the even positions, of b[i] (0 without b)
- * at the odd ones, for len bytes (a multiple of 8): each nibble spread by
- * a vpshufb table. */
+ * at the odd ones, for len bytes: each nibble spread by a vpshufb table.
+ * len is a multiple of 8, or of 4 for a part with a tail (tail_bytes):
+ * then the last step reads 4 bytes past the part (still inside the block)
+ * and writes 4 words past w + len, lanes that accum_pairs_rows masks (the
+ * next pair's words overwrite them). */
 static void pair_bits(const uint8_t *a, const uint8_t *b, int len, uint16_t *w) {
     const __m128i spread = _mm_setr_epi8(0, 1, 4, 5, 16, 17, 20, 21, 64, 65, 68, 69, 80, 81, 84, 85);
     const __m128i low = _mm_set1_epi8(15);
@@ -725,8 +741,17 @@ static ALWAYS_INLINE void accum_pairs_rows(const uint16_t *pw, int len, int pair
     for (int u = 0; u < len; u += 8)
         for (int j0 = 0; j0 < 8; j0 += G) {
             __m256 a[8];
+            /* a run past the part's bytes (tail_bytes; its words past len
+             * are the next pair's or unset): those lanes are neither loaded
+             * nor stored */
+            const bool tail = u + 8 > len;
+            const __m256i keep =
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(len - u), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
             for (int r = 0; r < R; r++)
-                for (int g = 0; g < G; g++) a[r * G + g] = _mm256_loadu_ps(acc + (size_t)r * d + (j0 + g) * len + u);
+                for (int g = 0; g < G; g++) {
+                    const float *o = acc + (size_t)r * d + (j0 + g) * len + u;
+                    a[r * G + g] = tail ? _mm256_maskload_ps(o, keep) : _mm256_loadu_ps(o);
+                }
             for (int p = 0; p < pairs; p++) {
                 __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(pw + (size_t)p * len + u)));
                 __m256i idx[8];
@@ -738,7 +763,11 @@ static ALWAYS_INLINE void accum_pairs_rows(const uint16_t *pw, int len, int pair
                 }
             }
             for (int r = 0; r < R; r++)
-                for (int g = 0; g < G; g++) _mm256_storeu_ps(acc + (size_t)r * d + (j0 + g) * len + u, a[r * G + g]);
+                for (int g = 0; g < G; g++) {
+                    float *o = acc + (size_t)r * d + (j0 + g) * len + u;
+                    if (tail) _mm256_maskstore_ps(o, keep, a[r * G + g]);
+                    else _mm256_storeu_ps(o, a[r * G + g]);
+                }
         }
 }
 
