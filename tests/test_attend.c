@@ -106,14 +106,22 @@ int main(void) {
         const char *specs96[] = {"kivi:bits=2",   "kivi:bits=3",   "kivi:bits=4",
                                  "kivi:bits=8,residual=0",         "tq-mse:bits=3",
                                  "tq-prod:bits=4,residual=8",      "tq-mse:bits=1",
-                                 "tq-prod:bits=2,residual=8"};
+                                 "tq-prod:bits=2,residual=8",      "tq-mse:bits=2.5",
+                                 "tq-mse:bits=3.5"};
         int ratios96[] = {1, 4, 7};
         for (int ri = 0; ri < 3; ri++)
-            for (int s = 0; s < 8; s++) {
+            for (int s = 0; s < 10; s++) {
                 double e = run_case(specs96[s], 2 * ratios96[ri], 2, 96, 700, 1, pool, NULL);
                 CHECK(e < 1e-4, "[%s] %s d 96 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs96[s],
                       ratios96[ri], e);
             }
+        /* head dim 48: 2- and 3-bit parts of 48 channels alone (2-bit
+         * plane slots of 12 bytes: runs of 8, then of 4) */
+        const char *specs48[] = {"tq-mse:bits=2", "tq-mse:bits=3", "tq-mse:bits=2.5"};
+        for (int s = 0; s < 3; s++) {
+            double e = run_case(specs48[s], 8, 2, 48, 700, 1, pool, NULL);
+            CHECK(e < 1e-4, "[%s] %s d 48: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs48[s], e);
+        }
         /* keys x 60: most weights underflow to 0 or to subnormals (a value
          * chunk whose weights all did once gave NaN through an inf scale) */
         for (int s = 0; s < n_specs; s++) {

@@ -50,10 +50,11 @@
 /* Whether every 8-channel run of the part sits in 8 consecutive bytes. */
 static bool part_covered(const vq_code_part *p) {
     if (p->n % 8 != 0) return false;
-    if (p->bits == 3) return p->n % 32 == 0; /* n % 64 == 32: ACROSS */
-    if (p->bits == 1) return p->n % 32 == 0;  /* n % 64 == 32: a 4-byte tail, see tail_bytes */
-    if (p->bits != 2 && p->bits != 4) return false;
-    return (p->n * p->bits / 8) % 8 == 0;
+    if (p->bits == 3) return p->n % 64 == 0 || (p->n % 16 == 0 && p->n / 8 <= 16); /* else than % 64: ACROSS */
+    if (p->bits == 1) return p->n % 32 == 0; /* n % 64 == 32: a 4-byte tail, see tail_bytes */
+    if (p->bits == 2) return p->n % 16 == 0; /* n % 32 == 16: a 4-byte tail, ACROSS */
+    if (p->bits == 4) return p->n % 16 == 0;
+    return false;
 }
 
 /* Bytes of a part's last run of 8 that belong to it: 4 for a 1-bit part
@@ -73,12 +74,14 @@ static int tail_bytes(const vq_code_part *p) { return p->bits == 1 && p->n % 64 
  * single part: two vpermilps and an add, which measured cheaper than one
  * vpermps and the fold (rvq 2-bit: 56.7 -> 47.9 ns per (token, kv head)).
  * ACROSS: 3-bit codes whose 1-bit plane slots (n / 8 bytes) are not whole
- * runs of 8 (n = 96), for a single part (load_high). PLAIN: everything
- * else. */
+ * runs of 8 (n = 96, 48: load_high), and 2- or 3-bit codes whose 2-bit
+ * plane slots end in a run of 4 (n = 48: n / 4 = 12 bytes); the kernels
+ * for them are instances of their own (score_b3x, score_anyx, ...).
+ * PLAIN: everything else. */
 enum { PLAIN, FOLDED, FOLDED_PRE, HALVES, ACROSS };
 
 static int part_kind(const vq_code_part *p, int nparts) {
-    if (p->bits == 3 && p->n % 64 != 0) return ACROSS;
+    if ((p->bits == 3 && p->n % 64 != 0) || (p->bits == 2 && p->n % 32 != 0)) return ACROSS;
     if (p->bits != 4) return PLAIN;
     if (p->halves && nparts == 1) return HALVES;
     for (int c = 0; c < 8; c++) {
@@ -234,26 +237,26 @@ static ALWAYS_INLINE __m256 part_levels(__m256i x, const int B, const int F, int
     return levels(x, B, j, ta, tb);
 }
 
-/* The 1-bit plane bytes c1 (s1 = n / 8 bytes a 1-bit slot) of the 8
- * channels of 2-bit plane run u, one per lane, with the high bit of a
- * channel of 2-bit slot j at bit 2 j (ACROSS parts). Lane i's byte is
- * (u + i) mod s1; the channels of a 2-bit slot's second half (u + i >= s1)
- * sit one 1-bit slot higher, so their bytes are shifted down once. When s1
- * is not a multiple of 8 (n = 96: s1 = 12) the run at u = s1 - 4 takes its
- * first four bytes from the end of the plane and its last four, shifted,
- * from its start. PLAIN 3-bit parts (s1 a multiple of 8) do the same with
- * a shift by 0 or 1 per run; ACROSS has kernels of its own (score_b3x,
- * accum_b3x) because a branch in the shared ones made GCC allocate their
- * registers worse (tq-prod 4-bit keys at d = 128: 33 -> 37 ns per token and
- * kv head in cache). */
+/* The 1-bit plane bytes c1 (s1 = n / 8 bytes a 1-bit slot, at most 16)
+ * of the 8 channels of 2-bit plane run u, one per lane, with the high bit
+ * of a channel of 2-bit slot j at bit 2 j (ACROSS parts). Lane i's byte is
+ * (u + i) mod s1; the channels of a 2-bit slot's second half (u + i >=
+ * s1) sit one 1-bit slot higher, so their bytes are shifted down once. One
+ * 16-byte load holds every byte (past s1 it reads the next bytes of the
+ * block, which no lane picks); a byte shuffle places them. PLAIN 3-bit
+ * parts (s1 a multiple of 8) do the same with one load and a shift by 0
+ * or 1 per run; ACROSS has kernels of its own (score_b3x, accum_b3x,
+ * score_anyx, accum_anyx) because a branch in the shared ones made GCC
+ * allocate their registers worse (tq-prod 4-bit keys at d = 128: 33 -> 37
+ * ns per token and kv head in cache). */
 static ALWAYS_INLINE __m256i load_high(const uint8_t *c1, int u, int s1) {
-    if (u + 8 <= s1) return load_u8x8(c1 + u);
-    if (u >= s1) return _mm256_srli_epi32(load_u8x8(c1 + u - s1), 1);
-    int32_t lo, hi; /* s1 - u = 4 */
-    memcpy(&lo, c1 + u, 4);
-    memcpy(&hi, c1, 4);
-    __m256i h = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, hi, lo));
-    return _mm256_srlv_epi32(h, _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
+    const __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m128i v = _mm_add_epi8(lane, _mm_set1_epi8((char)u));                   /* u + i < 2 s1 <= 32 */
+    __m128i second = _mm_cmpgt_epi8(v, _mm_set1_epi8((char)(s1 - 1)));         /* u + i >= s1 */
+    __m128i idx = _mm_sub_epi8(v, _mm_and_si128(second, _mm_set1_epi8((char)s1)));
+    __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)c1), idx);
+    __m256i h = _mm256_cvtepu8_epi32(b);
+    return _mm256_srlv_epi32(h, _mm256_cvtepu8_epi32(_mm_and_si128(second, _mm_set1_epi8(1))));
 }
 
 /* Levels of 3-bit codes: slot j of the 2-bit plane bytes x, high bit hb of
@@ -326,6 +329,13 @@ static ALWAYS_INLINE void score_part(const vq_code_part *p, const float *tab, co
  * (8-byte step u, slot j, row r), channels j * stride + u .. + 7. One
  * pointer then walks q with immediate offsets; with a pointer per (slot,
  * row) the kernel ran out of registers. */
+/* Floats per row that prep_part writes for a part: whole runs of 8
+ * channels per slot (n, or more for a part whose slots end in a run of 4). */
+static int prep_floats(const vq_code_part *p) {
+    int slots = p->bits == 3 ? 4 : 8 / p->bits, stride = p->n / slots;
+    return slots * ((stride + 7) / 8 * 8);
+}
+
 static void prep_part(const vq_code_part *p, const int R, const float *q, int d, float *qs) {
     int slots = p->bits == 3 ? 4 : 8 / p->bits, stride = p->n / slots;
     for (int u = 0; u < stride; u += 8) {
@@ -378,7 +388,8 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
                                      const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
                                      int d, const int R, float *logits, int ld, float *qs, const int B1, const int F1,
                                      const int S, const vq_sign_part *sp, const float *stab) {
-    for (int k = 0, ch = 0; k < nparts; ch += parts[k].n, k++) prep_part(&parts[k], R, q + ch, d, qs + R * ch);
+    for (int k = 0, ch = 0, pc = 0; k < nparts; ch += parts[k].n, pc += prep_floats(&parts[k]), k++)
+        prep_part(&parts[k], R, q + ch, d, qs + R * pc);
     for (int j = 0; j < n; j += 2) {
         /* an odd count scores the last token twice and keeps one */
         int j1 = j + 1 < n ? j + 1 : j;
@@ -395,14 +406,17 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
             }
             switch (p->bits) {
             case 1: score_part(p, tab, 1, PLAIN, R, qk, c0, c1, acc); break;
-            case 2: score_part(p, tab, 2, PLAIN, R, qk, c0, c1, acc); break;
-            case 3: score_part(p, tab, 3, PLAIN, R, qk, c0, c1, acc); break;
+            case 2: score_part(p, tab, 2, PLAIN, R, qk, c0, c1, acc); break; /* a tail: zero q' (prep_part) */
+            case 3:
+                if (F1 == ACROSS) score_part(p, tab, 3, ACROSS, R, qk, c0, c1, acc);
+                else score_part(p, tab, 3, PLAIN, R, qk, c0, c1, acc);
+                break;
             default:
                 if (kind[k] == FOLDED) score_part(p, tab, 4, FOLDED, R, qk, c0, c1, acc);
                 else score_part(p, tab, 4, PLAIN, R, qk, c0, c1, acc);
                 break;
             }
-            ch += p->n;
+            ch += F1 == ACROSS ? prep_floats(p) : p->n; /* any parts with tails: prep_part's layout */
         }
         if (R == 1) {
             acc[0] = _mm256_add_ps(acc[0], acc[2]);
@@ -499,11 +513,24 @@ static NOINLINE void score_b3x(const vq_code_part *parts, int nparts, const floa
     score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 3, ACROSS);
 }
 
+static NOINLINE void score_anyx(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                                const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q, int d,
+                                int rows, float *logits, int ld, float *qs) {
+    score_all(parts, nparts, tabs, kind, codes, cb, norms, n, q, d, rows, logits, ld, qs, 0, ACROSS);
+}
+
+/* Whether any part is ACROSS. */
+static bool any_across(int nparts, const int *kind) {
+    for (int k = 0; k < nparts; k++)
+        if (kind[k] == ACROSS) return true;
+    return false;
+}
+
 static score_fn *score_pick(const vq_code_part *parts, int nparts, const int *kind) {
-    if (nparts != 1) return score_any;
+    if (nparts != 1) return any_across(nparts, kind) ? score_anyx : score_any;
     switch (parts[0].bits) {
     case 1: return score_b1;
-    case 2: return score_b2;
+    case 2: return score_b2; /* an ACROSS part's tail reads zero q' (prep_part) */
     case 3: return kind[0] == ACROSS ? score_b3x : score_any; /* PLAIN: measured 3-5 % faster there than alone */
     default: return kind[0] == FOLDED_PRE ? score_b4_pre : kind[0] == HALVES ? score_b4_halves : score_any;
     }
@@ -534,7 +561,7 @@ static bool prepare_parts(const vq_code_part *parts, int nparts, size_t cb, int 
     for (int k = 0; k < nparts; k++) {
         if (!part_covered(&parts[k])) return false;
         kind[k] = part_kind(&parts[k], nparts);
-        if ((kind[k] == ACROSS || tail_bytes(&parts[k]) < 8) && nparts > 1) return false; /* single parts only */
+        if (tail_bytes(&parts[k]) < 8 && nparts > 1) return false; /* 1-bit tails: single parts only */
     }
     *pre = prefold(parts, nparts, cb, kind);
     for (int k = 0; k < nparts; k++) part_tables(&parts[k], kind[k], tabs + 16 * k);
@@ -621,8 +648,16 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
     for (int u = 0; u < stride; u += 8)
         for (int j0 = 0; j0 < slots; j0 += G) {
             __m256 a[8];
+            /* ACROSS: a run of 4 at the end of the slots; its other lanes
+             * (the next bytes of the block) are neither loaded nor stored */
+            const bool tail = F == ACROSS && u + 8 > stride;
+            const __m256i keep =
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(stride - u), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
             for (int r = 0; r < R; r++)
-                for (int g = 0; g < G; g++) a[r * G + g] = _mm256_loadu_ps(acc + (size_t)r * d + (j0 + g) * stride + u);
+                for (int g = 0; g < G; g++) {
+                    const float *o = acc + (size_t)r * d + (j0 + g) * stride + u;
+                    a[r * G + g] = tail ? _mm256_maskload_ps(o, keep) : _mm256_loadu_ps(o);
+                }
             for (int t = 0; t < n; t++) {
                 const uint8_t *ct = c + (size_t)t * cb;
                 __m256i x = F == FOLDED ? load_folded(ct + u) : load_plane(ct + u, B);
@@ -639,7 +674,11 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
                 weigh(R, G, wn + t, v, a);
             }
             for (int r = 0; r < R; r++)
-                for (int g = 0; g < G; g++) _mm256_storeu_ps(acc + (size_t)r * d + (j0 + g) * stride + u, a[r * G + g]);
+                for (int g = 0; g < G; g++) {
+                    float *o = acc + (size_t)r * d + (j0 + g) * stride + u;
+                    if (tail) _mm256_maskstore_ps(o, keep, a[r * G + g]);
+                    else _mm256_storeu_ps(o, a[r * G + g]);
+                }
         }
 }
 
@@ -664,8 +703,14 @@ static ALWAYS_INLINE void accum_rows(const vq_code_part *parts, int nparts, cons
             }
             switch (p->bits) {
             case 1: accum_part(p, tab, 1, PLAIN, R, wn, ct, cb, m, acc + ch, d); break;
-            case 2: accum_part(p, tab, 2, PLAIN, R, wn, ct, cb, m, acc + ch, d); break;
-            case 3: accum_part(p, tab, 3, PLAIN, R, wn, ct, cb, m, acc + ch, d); break;
+            case 2:
+                if (F1 == ACROSS) accum_part(p, tab, 2, ACROSS, R, wn, ct, cb, m, acc + ch, d);
+                else accum_part(p, tab, 2, PLAIN, R, wn, ct, cb, m, acc + ch, d);
+                break;
+            case 3:
+                if (F1 == ACROSS) accum_part(p, tab, 3, ACROSS, R, wn, ct, cb, m, acc + ch, d);
+                else accum_part(p, tab, 3, PLAIN, R, wn, ct, cb, m, acc + ch, d);
+                break;
             default:
                 if (kind[k] == FOLDED) accum_part(p, tab, 4, FOLDED, R, wn, ct, cb, m, acc + ch, d);
                 else accum_part(p, tab, 4, PLAIN, R, wn, ct, cb, m, acc + ch, d);
@@ -860,11 +905,17 @@ static NOINLINE void accum_b3x(const vq_code_part *parts, int nparts, const floa
     accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 3, ACROSS);
 }
 
+static NOINLINE void accum_anyx(const vq_code_part *parts, int nparts, const float *tabs, const int *kind,
+                                const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *w, int ld,
+                                int rows, float *acc, int d) {
+    accum_all(parts, nparts, tabs, kind, codes, cb, norms, n, w, ld, rows, acc, d, 0, ACROSS);
+}
+
 static accum_fn *accum_pick(const vq_code_part *parts, int nparts, const int *kind) {
-    if (nparts != 1) return accum_any;
+    if (nparts != 1) return any_across(nparts, kind) ? accum_anyx : accum_any;
     switch (parts[0].bits) {
     case 1: return accum_b1;
-    case 2: return accum_b2;
+    case 2: return kind[0] == ACROSS ? accum_anyx : accum_b2;
     case 3: return kind[0] == ACROSS ? accum_b3x : accum_any; /* PLAIN: as in score_pick */
     default: return kind[0] == FOLDED_PRE ? accum_b4_pre : kind[0] == HALVES ? accum_b4_halves : accum_any;
     }
