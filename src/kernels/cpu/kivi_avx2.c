@@ -40,6 +40,7 @@
  * takes every slot of a 16-byte run at once (accum_run16_row); 2 and 4
  * rows take one slot of 16 channels for all rows (accum_slot16).
  */
+#include "reduce_avx2.h"
 #include "vq_internal.h"
 
 #include <immintrin.h>
@@ -345,10 +346,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
                 }
             }
             for (int r = 0; r < R; r++) {
-                __m256 *p = part[r];
-                __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
-                __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
-                __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+                __m256 sum = vq_sum8x8(part[r]);
                 _mm256_storeu_ps(logits + (size_t)r * ld + (t - t0), _mm256_add_ps(sum, _mm256_set1_ps(qz[r])));
             }
         }

@@ -15,6 +15,7 @@
  * functions also carry their own target attribute, so no other code in
  * these files can be compiled into VNNI instructions (Skylake-X has
  * AVX-512 without VNNI). */
+#include "reduce_avx2.h"
 #include "reduce_avx512.h"
 #include "vq_internal.h"
 
@@ -191,10 +192,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
                     for (int e = 0; e < kt(R); e++) part[r][k + e] = vq_fold512(acc[e][r]);
             }
             for (int r = 0; r < R; r++) {
-                __m256 *p = part[r];
-                __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
-                __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
-                __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+                __m256 sum = vq_sum8x8(part[r]);
                 _mm256_storeu_ps(logits + (size_t)r * ld + (t - t0), _mm256_add_ps(sum, _mm256_set1_ps(qz[r])));
             }
         }

@@ -23,6 +23,7 @@
  * in fours, [g][i][row][8 blocks], so one pointer with constant offsets
  * reaches every row (a pointer per row ran out of registers). The node loops are unrolled by
  * pragma: GCC left them rolled, and unrolled measured 3 % faster. */
+#include "reduce_avx2.h"
 #include "vq_internal.h"
 
 #include <immintrin.h>
@@ -117,16 +118,13 @@ static ALWAYS_INLINE void score_node(const trig8 *tr, const codes8 *x, __m256 pa
 
 /* logits[r][t0 + k] = the lane sum of part[r][k] for 4 rows and cnt <= 8
  * tokens: one transposing hadd tree per row and 8 tokens instead of one
- * per token. part: [row][token][8 lanes]. */
-static void sum_parts(const float *part, int t0, int cnt, float *logits, int ld) {
+ * per token. part: [row][token][8 lanes]. polar_avx512.c uses it too. */
+void vq_polar_sum_parts(const float *part, int t0, int cnt, float *logits, int ld) {
     for (int r = 0; r < 4; r++) {
         const float *p = part + r * 64;
         __m256 v[8];
         for (int k = 0; k < 8; k++) v[k] = _mm256_loadu_ps(p + 8 * k);
-        __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-        __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-        /* h0 = {t0 t1 t2 t3 | t0 t1 t2 t3} halves, h1 the same for t4..t7 */
-        __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+        __m256 s = vq_sum8x8(v);
         float *l = logits + (size_t)r * ld + t0;
         if (cnt == 8) {
             _mm256_storeu_ps(l, s);
@@ -165,7 +163,7 @@ static ALWAYS_INLINE void score_rows(const trig8 *tr, const uint16_t *rad, const
             logits[t] = hsum8(_mm256_add_ps(acc[0], acc[4]));
         } else {
             for (int r = 0; r < 4; r++) _mm256_storeu_ps(part + (r * 8 + t % 8) * 8, _mm256_add_ps(acc[r], acc[r + 4]));
-            if (t % 8 == 7 || t == n - 1) sum_parts(part, t - t % 8, t % 8 + 1, logits, ld);
+            if (t % 8 == 7 || t == n - 1) vq_polar_sum_parts(part, t - t % 8, t % 8 + 1, logits, ld);
         }
     }
 }

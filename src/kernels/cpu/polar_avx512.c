@@ -127,25 +127,8 @@ static ALWAYS_INLINE __m256 hi_half(__m512 v) {
 }
 
 /* logits[r][t0 + k] = the lane sum of part[r][k] for 4 rows and cnt <= 8
- * tokens (polar_avx2.c's sum_parts). part: [row][token][8 lanes]. */
-static void sum_parts(const float *part, int t0, int cnt, float *logits, int ld) {
-    for (int r = 0; r < 4; r++) {
-        const float *p = part + r * 64;
-        __m256 v[8];
-        for (int k = 0; k < 8; k++) v[k] = _mm256_loadu_ps(p + 8 * k);
-        __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-        __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-        __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-        float *l = logits + (size_t)r * ld + t0;
-        if (cnt == 8) {
-            _mm256_storeu_ps(l, s);
-        } else {
-            float o[8];
-            _mm256_storeu_ps(o, s);
-            memcpy(l, o, sizeof(float) * (size_t)cnt);
-        }
-    }
-}
+ * tokens (polar_avx2.c). part: [row][token][8 lanes]. */
+void vq_polar_sum_parts(const float *part, int t0, int cnt, float *logits, int ld);
 
 /* Scores n tokens for R rows (4 or 1) of q ([g][i][r][8]), two tokens a
  * step (an odd last token paired with itself, its second copy unused). */
@@ -182,7 +165,8 @@ static ALWAYS_INLINE void score_rows(const trig16 *tr, const uint16_t *rad, cons
                 _mm256_storeu_ps(part + (r * 8 + t % 8) * 8, lo_half(s));
                 _mm256_storeu_ps(part + (r * 8 + t % 8 + 1) * 8, hi_half(s));
             }
-            if (t % 8 == 6 || t + 2 >= n) sum_parts(part, t - t % 8, (t + 2 < n ? t + 2 : n) - (t - t % 8), logits, ld);
+            if (t % 8 == 6 || t + 2 >= n)
+                vq_polar_sum_parts(part, t - t % 8, (t + 2 < n ? t + 2 : n) - (t - t % 8), logits, ld);
         }
     }
 }

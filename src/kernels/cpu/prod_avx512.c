@@ -175,37 +175,35 @@ static void prep_q(const float *q, int d, int bits, const int R, float *qs) {
             for (int r = 0; r < R; r++, qs += 16) memcpy(qs, q + (size_t)r * d + s * st + i0, 16 * sizeof(float));
 }
 
+/* score_rows with the row count a constant in each instance (R = rows,
+ * 1..4); B is a constant at each call site. */
+static ALWAYS_INLINE void score_rows_r(const int B, int R, const uint8_t *codes, size_t cb, size_t soff, int d,
+                                       __m512 tab, const float *len, const float *gain, int n, const float *qs,
+                                       const float *v2, const float *vsum, float *logits, int ld) {
+    switch (R) {
+    case 4: score_rows(B, 4, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 3: score_rows(B, 3, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 2: score_rows(B, 2, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    default: score_rows(B, 1, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    }
+}
+
+/* One function per code width, so that each loop gets the registers to
+ * itself. */
 static NOINLINE void score_b1(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *len,
                               const float *gain, int n, const float *qs, const float *v2, const float *vsum,
                               float *logits, int ld) {
-    switch (R) {
-    case 4: score_rows(1, 4, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    case 3: score_rows(1, 3, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    case 2: score_rows(1, 2, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    default: score_rows(1, 1, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    }
+    score_rows_r(1, R, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld);
 }
-
 static NOINLINE void score_b2(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *len,
                               const float *gain, int n, const float *qs, const float *v2, const float *vsum,
                               float *logits, int ld) {
-    switch (R) {
-    case 4: score_rows(2, 4, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    case 3: score_rows(2, 3, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    case 2: score_rows(2, 2, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    default: score_rows(2, 1, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    }
+    score_rows_r(2, R, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld);
 }
-
 static NOINLINE void score_b3(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *len,
                               const float *gain, int n, const float *qs, const float *v2, const float *vsum,
                               float *logits, int ld) {
-    switch (R) {
-    case 4: score_rows(3, 4, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    case 3: score_rows(3, 3, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    case 2: score_rows(3, 2, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    default: score_rows(3, 1, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    }
+    score_rows_r(3, R, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld);
 }
 
 /* logits[r * ld + t] = len[t] * <rq_r, levels of token t's codes> +
@@ -287,34 +285,30 @@ static ALWAYS_INLINE void accum_rows(const int B, const int R, const uint8_t *co
     }
 }
 
+/* accum_rows with the row count a constant in each instance (as
+ * score_rows_r). */
+static ALWAYS_INLINE void accum_rows_r(const int B, int R, const uint8_t *codes, size_t cb, size_t soff, int d,
+                                       __m512 tab, const float *wn, const float *wg, const float *wsum, int n, float *acc,
+                                       size_t as) {
+    switch (R) {
+    case 4: accum_rows(B, 4, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 3: accum_rows(B, 3, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 2: accum_rows(B, 2, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    default: accum_rows(B, 1, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    }
+}
+
 static NOINLINE void accum_b1(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *wn,
                               const float *wg, const float *wsum, int n, float *acc, size_t as) {
-    switch (R) {
-    case 4: accum_rows(1, 4, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    case 3: accum_rows(1, 3, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    case 2: accum_rows(1, 2, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    default: accum_rows(1, 1, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    }
+    accum_rows_r(1, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as);
 }
-
 static NOINLINE void accum_b2(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *wn,
                               const float *wg, const float *wsum, int n, float *acc, size_t as) {
-    switch (R) {
-    case 4: accum_rows(2, 4, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    case 3: accum_rows(2, 3, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    case 2: accum_rows(2, 2, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    default: accum_rows(2, 1, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    }
+    accum_rows_r(2, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as);
 }
-
 static NOINLINE void accum_b3(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *wn,
                               const float *wg, const float *wsum, int n, float *acc, size_t as) {
-    switch (R) {
-    case 4: accum_rows(3, 4, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    case 3: accum_rows(3, 3, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    case 2: accum_rows(3, 2, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    default: accum_rows(3, 1, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    }
+    accum_rows_r(3, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as);
 }
 
 /* acc[r * 2 d + c] += sum_t w[r * ld + t] len[t] level_t[c] and

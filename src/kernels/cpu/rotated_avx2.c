@@ -388,18 +388,20 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
                                      const uint8_t *codes, size_t cb, const uint16_t *norms, int n, const float *q,
                                      int d, const int R, float *logits, int ld, float *qs, const int B1, const int F1,
                                      const int S, const vq_sign_part *sp, const float *stab) {
-    for (int k = 0, ch = 0, pc = 0; k < nparts; ch += parts[k].n, pc += prep_floats(&parts[k]), k++)
-        prep_part(&parts[k], R, q + ch, d, qs + R * pc);
+    int po[2]; /* each part's prepared q in qs */
+    for (int k = 0, ch = 0, pc = 0; k < nparts; ch += parts[k].n, pc += prep_floats(&parts[k]), k++) {
+        po[k] = R * pc;
+        prep_part(&parts[k], R, q + ch, d, qs + po[k]);
+    }
     for (int j = 0; j < n; j += 2) {
         /* an odd count scores the last token twice and keeps one */
         int j1 = j + 1 < n ? j + 1 : j;
         const uint8_t *c0 = codes + (size_t)j * cb, *c1 = codes + (size_t)j1 * cb;
         __m256 acc[8];
         for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-        int ch = 0;
         for (int k = 0; k < nparts; k++) {
             const vq_code_part *p = &parts[k];
-            const float *qk = qs + R * ch, *tab = tabs + 16 * k;
+            const float *qk = qs + po[k], *tab = tabs + 16 * k;
             if (B1) {
                 score_part(p, tab, B1, F1, R, qk, c0, c1, acc);
                 break;
@@ -416,7 +418,6 @@ static ALWAYS_INLINE void score_rows(const vq_code_part *parts, int nparts, cons
                 else score_part(p, tab, 4, PLAIN, R, qk, c0, c1, acc);
                 break;
             }
-            ch += F1 == ACROSS ? prep_floats(p) : p->n; /* any parts with tails: prep_part's layout */
         }
         if (R == 1) {
             acc[0] = _mm256_add_ps(acc[0], acc[2]);
