@@ -115,6 +115,23 @@ int main(void) {
                 CHECK(e < 1e-4, "[%s] %s d 96 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs96[s],
                       ratios96[ri], e);
             }
+        /* head dim 80: value groups of 32 leave a last group of 16 (of
+         * 64: one of 16; of 128: one group of 80); 2-bit planes of 20
+         * bytes (keys end in a step of 4, values take runs of 4 where a
+         * run of 8 would cross a group). Head dim 64, 3-bit: 1-bit planes
+         * of 8 bytes (the values' runs of 8 channels) */
+        const char *specs80[] = {"kivi:bits=2", "kivi:bits=2,group=64", "kivi:bits=3", "kivi:bits=4,group=128",
+                                 "kivi:bits=8,residual=0"};
+        for (int ri = 0; ri < 3; ri++) {
+            for (int s = 0; s < 5; s++) {
+                double e = run_case(specs80[s], 2 * ratios96[ri], 2, 80, 700, 1, pool, NULL);
+                CHECK(e < 1e-4, "[%s] %s d 80 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs80[s],
+                      ratios96[ri], e);
+            }
+            double e = run_case("kivi:bits=3", 2 * ratios96[ri], 2, 64, 700, 1, pool, NULL);
+            CHECK(e < 1e-4, "[%s] kivi:bits=3 d 64 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+                  ratios96[ri], e);
+        }
         /* head dim 48: 2- and 3-bit parts of 48 channels alone (2-bit
          * plane slots of 12 bytes: runs of 8, then of 4) */
         const char *specs48[] = {"tq-mse:bits=2", "tq-mse:bits=3", "tq-mse:bits=2.5"};
