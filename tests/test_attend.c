@@ -132,6 +132,16 @@ int main(void) {
             CHECK(e < 1e-4, "[%s] kivi:bits=3 d 64 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
                   ratios96[ri], e);
         }
+        /* PolarQuant 4/2/2/2 at head dims that are not whole groups of 8
+         * coordinate blocks of 16 (the AVX2 kernels' lanes): 3, 4, 5, 6 and
+         * 9 blocks; an odd count starts level 4 half-way into a byte */
+        int pdims[] = {48, 64, 80, 96, 144};
+        for (int di = 0; di < 5; di++)
+            for (int ri = 0; ri < 3; ri++) {
+                double e = run_case("polar", 2 * ratios96[ri], 2, pdims[di], 700, 1, pool, NULL);
+                CHECK(e < 1e-4, "[%s] polar d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), pdims[di],
+                      ratios96[ri], e);
+            }
         /* head dim 48: 2- and 3-bit parts of 48 channels alone (2-bit
          * plane slots of 12 bytes: runs of 8, then of 4) */
         const char *specs48[] = {"tq-mse:bits=2", "tq-mse:bits=3", "tq-mse:bits=2.5"};
