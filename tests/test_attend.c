@@ -118,12 +118,14 @@ int main(void) {
         /* head dim 80: value groups of 32 leave a last group of 16 (of
          * 64: one of 16; of 128: one group of 80); 2-bit planes of 20
          * bytes (keys end in a step of 4, values take runs of 4 where a
-         * run of 8 would cross a group). Head dim 64, 3-bit: 1-bit planes
-         * of 8 bytes (the values' runs of 8 channels) */
-        const char *specs80[] = {"kivi:bits=2", "kivi:bits=2,group=64", "kivi:bits=3", "kivi:bits=4,group=128",
-                                 "kivi:bits=8,residual=0"};
+         * run of 8 would cross a group); 1-bit codes of 10 bytes (a run of
+         * 2 at the end; tq-prod 2-bit has 1-bit codes). Head dim 64, 3-bit:
+         * 1-bit planes of 8 bytes (the values' runs of 8 channels) */
+        const char *specs80[] = {"kivi:bits=2",          "kivi:bits=2,group=64",     "kivi:bits=3",
+                                 "kivi:bits=4,group=128", "kivi:bits=8,residual=0",   "tq-mse:bits=1",
+                                 "tq-prod:bits=2,residual=8"};
         for (int ri = 0; ri < 3; ri++) {
-            for (int s = 0; s < 5; s++) {
+            for (int s = 0; s < 7; s++) {
                 double e = run_case(specs80[s], 2 * ratios96[ri], 2, 80, 700, 1, pool, NULL);
                 CHECK(e < 1e-4, "[%s] %s d 80 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs80[s],
                       ratios96[ri], e);

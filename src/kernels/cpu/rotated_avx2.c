@@ -51,19 +51,20 @@
 static bool part_covered(const vq_code_part *p) {
     if (p->n % 8 != 0) return false;
     if (p->bits == 3) return p->n % 64 == 0 || (p->n % 16 == 0 && p->n / 8 <= 16); /* else than % 64: ACROSS */
-    if (p->bits == 1) return p->n % 32 == 0; /* n % 64 == 32: a 4-byte tail, see tail_bytes */
+    if (p->bits == 1) return p->n % 16 == 0; /* n % 64 != 0: a tail of 2, 4 or 6 bytes, see tail_bytes */
     if (p->bits == 2) return p->n % 16 == 0; /* n % 32 == 16: a 4-byte tail, ACROSS */
     if (p->bits == 4) return p->n % 16 == 0;
     return false;
 }
 
-/* Bytes of a part's last run of 8 that belong to it: 4 for a 1-bit part
- * of n % 64 == 32 channels (n = 96: 12 bytes a token), else 8. Keys read
+/* Bytes of a part's last run of 8 that belong to it: n / 8 mod 8 for a
+ * 1-bit part of n % 64 != 0 channels (n = 96: 12 bytes a token, a tail of
+ * 4; n = 80: 10 bytes, 2), else 8. Keys read
  * the whole run (the bytes after a token's codes are more codes or the
  * block's norms, inside the block) with q' zero in the lanes past the
  * part (prep_part); values mask those lanes of the accumulators
  * (accum_pairs_tail). Single 1-bit parts only (prepare_parts). */
-static int tail_bytes(const vq_code_part *p) { return p->bits == 1 && p->n % 64 == 32 ? 4 : 8; }
+static int tail_bytes(const vq_code_part *p) { return p->bits == 1 && p->n % 64 != 0 ? p->n / 8 % 8 : 8; }
 
 /* How a part's levels are looked up. FOLDED: 4-bit levels that are
  * antisymmetric, bit for bit: table[15 - c] == -table[c] (Lloyd-Max
@@ -760,10 +761,10 @@ static NOINLINE void accum_any(const vq_code_part *parts, int nparts, const floa
 
 /* Words w[i] = bits of a[i] at the even positions, of b[i] (0 without b)
  * at the odd ones, for len bytes: each nibble spread by a vpshufb table.
- * len is a multiple of 8, or of 4 for a part with a tail (tail_bytes):
- * then the last step reads 4 bytes past the part (still inside the block)
- * and writes 4 words past w + len, lanes that accum_pairs_rows masks (the
- * next pair's words overwrite them). */
+ * len is a multiple of 8, or of 2 for a part with a tail (tail_bytes):
+ * then the last step reads up to 6 bytes past the part (still inside the
+ * block) and writes as many words past w + len, lanes that
+ * accum_pairs_rows masks (the next pair's words overwrite them). */
 static void pair_bits(const uint8_t *a, const uint8_t *b, int len, uint16_t *w) {
     const __m128i spread = _mm_setr_epi8(0, 1, 4, 5, 16, 17, 20, 21, 64, 65, 68, 69, 80, 81, 84, 85);
     const __m128i low = _mm_set1_epi8(15);
