@@ -134,6 +134,19 @@ int main(void) {
             CHECK(e < 1e-4, "[%s] kivi:bits=3 d 64 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
                   ratios96[ri], e);
         }
+        /* KIVI at head dims 48 and 112: 2-bit planes of 12 and 28 bytes,
+         * 3-bit 1-bit planes of 6 and 14 bytes (runs of 8 channels that
+         * take their high bits from both ends of the plane, 6 and 2 bytes
+         * from the end) */
+        const char *specs_k[] = {"kivi:bits=2", "kivi:bits=3", "kivi:bits=4"};
+        int kdims[] = {48, 112}, kratios[] = {1, 7};
+        for (int di = 0; di < 2; di++)
+            for (int ri = 0; ri < 2; ri++)
+                for (int s = 0; s < 3; s++) {
+                    double e = run_case(specs_k[s], 2 * kratios[ri], 2, kdims[di], 700, 1, pool, NULL);
+                    CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+                          specs_k[s], kdims[di], kratios[ri], e);
+                }
         /* PolarQuant 4/2/2/2 at head dims that are not whole groups of 8
          * coordinate blocks of 16 (the AVX2 kernels' lanes): 3, 4, 5, 6 and
          * 9 blocks; an odd count starts level 4 half-way into a byte */

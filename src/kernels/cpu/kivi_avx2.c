@@ -93,31 +93,35 @@ static bool planes_ok(int bits, int d, int unit) {
 }
 
 /* 3-bit codes whose 1-bit plane slots (s1 = d / 8 bytes) are not whole runs
- * of 8 bytes while the 2-bit ones (d / 4) are: d = 96 (s1 = 12). The
- * kernels then take 8-byte runs with high_bytes8 in instances of their own
- * (`across`), so those for whole runs keep their code. */
-static bool b3_across(int d) { return (d / 4) % 8 == 0 && (d / 8) % 8 != 0; }
+ * of 8 bytes: d = 96 (s1 = 12), d = 80 (s1 = 10, and 2-bit slots of 20
+ * bytes, which end in a run of 4). The kernels then take 8-byte runs with
+ * high_bytes8 in instances of their own (`across`), so those for whole
+ * runs keep their code. d a multiple of 16 (s1 even). */
+static bool b3_across(int d) { return d % 16 == 0 && !planes_ok(3, d, 8); }
 
 /* The values' 3-bit rule: their whole runs are 16 bytes, so the across
- * instances take every shape whose 1-bit planes are not whole runs of 16
- * but whose 2-bit runs of 8 are and whose 1-bit plane stride high_bytes8
- * covers (a multiple of 4): d = 96 (s1 = 12), d = 64 (8), d = 192 (24). */
-static bool b3_across_v(int d) { return !planes_ok(3, d, 16) && (d / 4) % 8 == 0 && (d / 8) % 4 == 0; }
+ * instances take every shape whose 1-bit planes are not whole runs of 16:
+ * d = 96 (s1 = 12), d = 64 (8), d = 80 (10), d = 192 (24). */
+static bool b3_across_v(int d) { return d % 16 == 0 && !planes_ok(3, d, 16); }
 
 /* The 1-bit plane bytes c1 of the 8 channels of 2-bit plane run u (across
  * instances): byte i is (u + i) mod s1, and the channels of a 2-bit slot's
  * second half (u + i >= s1), whose high bit sits one 1-bit slot higher, get
  * their byte shifted right by one bit, so every channel of 2-bit slot j
- * finds its bit at 2 j. The run at u = s1 - 4 takes four bytes from the end
- * of the plane and four from its start. A shift of a whole word moves a
- * bit across a byte edge only into bit 7, which no slot reads. */
+ * finds its bit at 2 j. A run that straddles s1 takes its first k = s1 - u
+ * bytes from the end of the plane and the rest from its start (both read
+ * as 8 bytes: the bytes past them are the token's or the next token's
+ * codes, or the block's metadata, and are masked or shifted out). A shift
+ * of a whole word moves a bit across a byte edge only into bit 7, which no
+ * slot reads. */
 static ALWAYS_INLINE __m128i high_bytes8(const uint8_t *c1, int u, int s1) {
     if (u + 8 <= s1) return _mm_loadl_epi64((const __m128i *)(c1 + u));
     if (u >= s1) return _mm_srli_epi64(_mm_loadl_epi64((const __m128i *)(c1 + u - s1)), 1);
-    uint32_t lo, hi; /* s1 - u = 4 */
-    memcpy(&lo, c1 + u, 4);
-    memcpy(&hi, c1, 4);
-    return _mm_cvtsi64_si128((long long)((uint64_t)lo | (uint64_t)(hi >> 1) << 32));
+    uint64_t lo, hi;
+    const int k = s1 - u; /* 1 .. 7 */
+    memcpy(&lo, c1 + u, 8);
+    memcpy(&hi, c1, 8);
+    return _mm_cvtsi64_si128((long long)((lo & ((1ull << (8 * k)) - 1)) | (hi >> 1) << (8 * k)));
 }
 
 /* ------------------------------------------------------------------ keys */
@@ -708,13 +712,14 @@ static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, 
     add_rows16(a, deq, 1.0f / (float)(1 << (j < 3 ? 2 * j : 4)), R, acc, d);
 }
 
-/* accum_slot16_b3 for a run of 8 channels u .. u + 7 of 2-bit slot j
- * (across shapes, b3_across): the high bits come from high_bytes8, which
- * puts every channel's at bit 2 j, so join_b3 takes h = 0; the pair fills
- * one vector of 8 channel pairs (as accum_slot8). */
+/* accum_slot16_b3 for a run of 8 channels u .. u + 7 of 2-bit slot j, or
+ * of 4 (run = 4; the sums of the other 4 lanes are dropped) (across
+ * shapes, b3_across_v): the high bits come from high_bytes8, which puts
+ * every channel's at bit 2 j, so join_b3 takes h = 0; the pair fills one
+ * vector of 8 channel pairs (as accum_slot8). */
 static ALWAYS_INLINE void accum_slot8_b3(const uint8_t *c2, const uint8_t *c1, int u, int s1, size_t cb, int cn,
-                                         const int32_t *wg, const int j, const float *deq, const int R, float *acc,
-                                         int d) {
+                                         const int32_t *wg, const int j, const int run, const float *deq, const int R,
+                                         float *acc, int d) {
     __v8si a[4];
     for (int r = 0; r < R; r++) a[r] = (__v8si)_mm256_setzero_si256();
     const uint8_t *end = c2 + (size_t)(cn & ~1) * cb;
@@ -732,21 +737,36 @@ static ALWAYS_INLINE void accum_slot8_b3(const uint8_t *c2, const uint8_t *c1, i
     for (int r = 0; r < R; r++) {
         float *o = acc + (size_t)r * d;
         __m256 f = _mm256_set1_ps(deq[r] / (float)(1 << (j < 3 ? 2 * j : 4)));
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[r]), f, _mm256_loadu_ps(o)));
+        __m256 y = _mm256_cvtepi32_ps((__m256i)a[r]);
+        if (run == 8) {
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(y, f, _mm256_loadu_ps(o)));
+        } else {
+            __m128 y4 = _mm256_castps256_ps128(y), f4 = _mm256_castps256_ps128(f);
+            _mm_storeu_ps(o, _mm_fmadd_ps(y4, f4, _mm_loadu_ps(o)));
+        }
     }
 }
 
-/* Every channel of 3-bit codes of an across shape (b3_across) for one
- * chunk: runs of 8 channels (they stay inside a value group, which is a
- * multiple of 8 wide). */
+/* Every channel of 3-bit codes of an across shape (b3_across_v) for one
+ * chunk: runs of 8 channels, or of 4 where a run of 8 would pass the slot
+ * or a value group's edge (d = 80: slots of 20 channels, 2-bit slot 1's
+ * run 28-35). */
 static ALWAYS_INLINE void accum_planes_b3x(const uint8_t *codes, size_t cb, int cn, int G, const int32_t *wp,
                                            const float *deq, const int R, float *acc, int d) {
     const int s2 = d / 4, s1 = d / 8;
     for (int u = 0; u < s2; u += 8)
         for (int j = 0; j < 4; j++) {
             int ch = j * s2 + u, g = ch / G;
-            accum_slot8_b3(codes + u, codes + s2, u, s1, cb, cn, wp + (size_t)g * R * (CHUNK / 2), j, deq, R, acc + ch,
-                           d);
+            if (u + 8 <= s2 && (ch + 7) / G == g) {
+                accum_slot8_b3(codes + u, codes + s2, u, s1, cb, cn, wp + (size_t)g * R * (CHUNK / 2), j, 8, deq, R,
+                               acc + ch, d);
+                continue;
+            }
+            for (int v = u; v < u + 8 && v < s2; v += 4) {
+                int cv = j * s2 + v;
+                accum_slot8_b3(codes + v, codes + s2, v, s1, cb, cn, wp + (size_t)(cv / G) * R * (CHUNK / 2), j, 4, deq,
+                               R, acc + cv, d);
+            }
         }
 }
 
