@@ -115,6 +115,52 @@ int main(void) {
                 CHECK(e < 1e-4, "[%s] %s d 96 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs96[s],
                       ratios96[ri], e);
             }
+        /* head dim 80: value groups of 32 leave a last group of 16 (of
+         * 64: one of 16; of 128: one group of 80); 2-bit planes of 20
+         * bytes (keys end in a step of 4, values take runs of 4 where a
+         * run of 8 would cross a group); 1-bit codes of 10 bytes (a run of
+         * 2 at the end; tq-prod 2-bit has 1-bit codes); tq-mse 2.5- and 3.5-bit
+         * parts of 40 channels (2-bit slots of 10 bytes, 1-bit slots of
+         * 5, 4-bit slots of 20). Head dim 64, 3-bit:
+         * 1-bit planes of 8 bytes (the values' runs of 8 channels) */
+        const char *specs80[] = {"kivi:bits=2",          "kivi:bits=2,group=64",     "kivi:bits=3",
+                                 "kivi:bits=4,group=128", "kivi:bits=8,residual=0",   "tq-mse:bits=1",
+                                 "tq-prod:bits=2,residual=8", "tq-mse:bits=2.5",          "tq-mse:bits=3.5"};
+        for (int ri = 0; ri < 3; ri++) {
+            for (int s = 0; s < 9; s++) {
+                double e = run_case(specs80[s], 2 * ratios96[ri], 2, 80, 700, 1, pool, NULL);
+                CHECK(e < 1e-4, "[%s] %s d 80 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs80[s],
+                      ratios96[ri], e);
+            }
+            double e = run_case("kivi:bits=3", 2 * ratios96[ri], 2, 64, 700, 1, pool, NULL);
+            CHECK(e < 1e-4, "[%s] kivi:bits=3 d 64 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+                  ratios96[ri], e);
+        }
+        /* KIVI at head dims 48 and 112: 2-bit planes of 12 and 28 bytes,
+         * 3-bit 1-bit planes of 6 and 14 bytes (runs of 8 channels that
+         * take their high bits from both ends of the plane, 6 and 2 bytes
+         * from the end); tq-mse 2.5-bit: 2- and 3-bit parts of 24 and 56
+         * channels (2-bit slots of 6 and 14 bytes, 1-bit slots of 3 and 7)
+         * and 3.5-bit: 4-bit parts whose slots end in a run of 4 */
+        const char *specs_k[] = {"kivi:bits=2", "kivi:bits=3", "kivi:bits=4", "tq-mse:bits=2.5", "tq-mse:bits=3.5"};
+        int kdims[] = {48, 112}, kratios[] = {1, 7};
+        for (int di = 0; di < 2; di++)
+            for (int ri = 0; ri < 2; ri++)
+                for (int s = 0; s < 5; s++) {
+                    double e = run_case(specs_k[s], 2 * kratios[ri], 2, kdims[di], 700, 1, pool, NULL);
+                    CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+                          specs_k[s], kdims[di], kratios[ri], e);
+                }
+        /* PolarQuant 4/2/2/2 at head dims that are not whole groups of 8
+         * coordinate blocks of 16 (the AVX2 kernels' lanes): 3, 4, 5, 6 and
+         * 9 blocks; an odd count starts level 4 half-way into a byte */
+        int pdims[] = {48, 64, 80, 96, 144};
+        for (int di = 0; di < 5; di++)
+            for (int ri = 0; ri < 3; ri++) {
+                double e = run_case("polar", 2 * ratios96[ri], 2, pdims[di], 700, 1, pool, NULL);
+                CHECK(e < 1e-4, "[%s] polar d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), pdims[di],
+                      ratios96[ri], e);
+            }
         /* head dim 48: 2- and 3-bit parts of 48 channels alone (2-bit
          * plane slots of 12 bytes: runs of 8, then of 4) */
         const char *specs48[] = {"tq-mse:bits=2", "tq-mse:bits=3", "tq-mse:bits=2.5"};

@@ -256,16 +256,25 @@ static void polar_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0
     }
 }
 
-/* Whether the AVX2 kernels cover p: the paper's 4/2/2/2 at d a multiple
- * of 128 (8 coordinate blocks per vector). */
+/* Whether the AVX2 kernels cover p: the paper's 4/2/2/2 (8 coordinate
+ * blocks of 16 per vector; a last lane group of fewer blocks, as at d = 96,
+ * has its extra lanes zeroed; the AVX-512 kernels likewise). */
 static bool avx2_covered(const vq_mparams *p) {
 #if defined(__x86_64__)
     return vq_cpu_has_avx2() && p->levels == 4 && p->level_bits[0] == 4 && p->level_bits[1] == 2 &&
-           p->level_bits[2] == 2 && p->level_bits[3] == 2 && p->head_dim % 128 == 0;
+           p->level_bits[2] == 2 && p->level_bits[3] == 2;
 #else
     (void)p;
     return false;
 #endif
+}
+
+
+
+/* Floats of a prepared q row and of an accumulator row: the kernels'
+ * order fills whole lane groups of 128 coordinates (the padding holds 0). */
+static size_t row_floats(const vq_mparams *p) {
+    return avx2_covered(p) ? ((size_t)p->head_dim + 127) / 128 * 128 : (size_t)p->head_dim;
 }
 
 /* Where the AVX2 kernels keep rotated coordinate c in a prepared q row or
@@ -278,7 +287,7 @@ static int avx2_pos(int c) {
     return (blk / 8) * 128 + i * 8 + blk % 8;
 }
 
-static size_t polar_prep_floats(const vq_mparams *p) { return (size_t)p->head_dim; }
+static size_t polar_prep_floats(const vq_mparams *p) { return row_floats(p); }
 
 /* Prepared rows: R q. For the AVX2 kernels in their coordinate order
  * (avx2_pos) and interleaved in fours, [g][i][row][8 blocks]: row r of a
@@ -286,14 +295,16 @@ static size_t polar_prep_floats(const vq_mparams *p) { return (size_t)p->head_di
  * the leftover rows follow one by one. */
 static void polar_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim;
+    size_t W = row_floats(p);
     bool perm = avx2_covered(p);
     float u[1024];
     for (int r = 0; r < rows; r++) {
-        float *o = prep + (size_t)r * d;
+        float *o = prep + (size_t)r * W;
         vq_rotate(p->rot, q + (size_t)r * d, perm ? u : o);
         if (!perm) continue;
         int r0 = r < rows / 4 * 4 ? r / 4 * 4 : r, w = r < rows / 4 * 4 ? 4 : 1; /* r's group of w rows */
-        float *og = prep + (size_t)r0 * d + (size_t)(r - r0) * 8;
+        if (r == r0 && W > (size_t)d) memset(prep + (size_t)r0 * W, 0, sizeof(float) * W * (size_t)w);
+        float *og = prep + (size_t)r0 * W + (size_t)(r - r0) * 8;
         for (int c = 0; c < d; c++) {
             int pos = avx2_pos(c);
             og[(size_t)(pos / 8) * 8 * w + pos % 8] = u[c];
@@ -306,7 +317,7 @@ static void polar_finish_rows(const vq_mparams *p, float *acc, int rows) {
     bool perm = avx2_covered(p);
     float u[1024];
     for (int r = 0; r < rows; r++) {
-        float *a = acc + (size_t)r * d;
+        float *a = acc + (size_t)r * row_floats(p);
         if (perm)
             for (int c = 0; c < d; c++) u[c] = a[avx2_pos(c)];
         vq_rotate_inverse(p->rot, perm ? u : a, a);
@@ -386,6 +397,7 @@ const vq_method vq_method_polar = {
     .prep_floats = polar_prep_floats,
     .prep_query = polar_prep_query,
     .finish_rows = polar_finish_rows,
+    .acc_floats = row_floats,
     .scratch_floats = polar_scratch,
     .score = polar_score,
     .accum = polar_accum,

@@ -93,25 +93,35 @@ static bool planes_ok(int bits, int d, int unit) {
 }
 
 /* 3-bit codes whose 1-bit plane slots (s1 = d / 8 bytes) are not whole runs
- * of 8 bytes while the 2-bit ones (d / 4) are: d = 96 (s1 = 12). The
- * kernels then take 8-byte runs with high_bytes8 in instances of their own
- * (`across`), so those for whole runs keep their code. */
-static bool b3_across(int d) { return (d / 4) % 8 == 0 && (d / 8) % 8 != 0; }
+ * of 8 bytes: d = 96 (s1 = 12), d = 80 (s1 = 10, and 2-bit slots of 20
+ * bytes, which end in a run of 4). The kernels then take 8-byte runs with
+ * high_bytes8 in instances of their own (`across`), so those for whole
+ * runs keep their code. d a multiple of 16 (s1 even). */
+static bool b3_across(int d) { return d % 16 == 0 && !planes_ok(3, d, 8); }
+
+/* The values' 3-bit rule: their whole runs are 16 bytes, so the across
+ * instances take every shape whose 1-bit planes are not whole runs of 16:
+ * d = 96 (s1 = 12), d = 64 (8), d = 80 (10), d = 192 (24). */
+static bool b3_across_v(int d) { return d % 16 == 0 && !planes_ok(3, d, 16); }
 
 /* The 1-bit plane bytes c1 of the 8 channels of 2-bit plane run u (across
  * instances): byte i is (u + i) mod s1, and the channels of a 2-bit slot's
  * second half (u + i >= s1), whose high bit sits one 1-bit slot higher, get
  * their byte shifted right by one bit, so every channel of 2-bit slot j
- * finds its bit at 2 j. The run at u = s1 - 4 takes four bytes from the end
- * of the plane and four from its start. A shift of a whole word moves a
- * bit across a byte edge only into bit 7, which no slot reads. */
+ * finds its bit at 2 j. A run that straddles s1 takes its first k = s1 - u
+ * bytes from the end of the plane and the rest from its start (both read
+ * as 8 bytes: the bytes past them are the token's or the next token's
+ * codes, or the block's metadata, and are masked or shifted out). A shift
+ * of a whole word moves a bit across a byte edge only into bit 7, which no
+ * slot reads. */
 static ALWAYS_INLINE __m128i high_bytes8(const uint8_t *c1, int u, int s1) {
     if (u + 8 <= s1) return _mm_loadl_epi64((const __m128i *)(c1 + u));
     if (u >= s1) return _mm_srli_epi64(_mm_loadl_epi64((const __m128i *)(c1 + u - s1)), 1);
-    uint32_t lo, hi; /* s1 - u = 4 */
-    memcpy(&lo, c1 + u, 4);
-    memcpy(&hi, c1, 4);
-    return _mm_cvtsi64_si128((long long)((uint64_t)lo | (uint64_t)(hi >> 1) << 32));
+    uint64_t lo, hi;
+    const int k = s1 - u; /* 1 .. 7 */
+    memcpy(&lo, c1 + u, 8);
+    memcpy(&hi, c1, 8);
+    return _mm_cvtsi64_si128((long long)((lo & ((1ull << (8 * k)) - 1)) | (hi >> 1) << (8 * k)));
 }
 
 /* ------------------------------------------------------------------ keys */
@@ -128,6 +138,13 @@ typedef struct {
 static plane_set key_planes(int bits, int d) {
     if (bits == 3) return (plane_set){2, d / 4, true};
     return (plane_set){bits, (int)code_bytes(bits, d), false};
+}
+
+/* Floats of q' for 4 rows (prep_keys): a plane stride that ends in a step
+ * of 4 is padded to 8, so d = 80 at 2 bits takes 4 x 4 x 24, not 4 x 80. */
+static size_t key_qs_floats(int bits, int d) {
+    plane_set ps = key_planes(bits, d);
+    return 4 * (size_t)(8 / ps.b) * (size_t)((ps.stride + 7) / 8 * 8);
 }
 
 /* For one token group's fp16 scale sc and zero zr and the R rows of q:
@@ -152,18 +169,29 @@ static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, plane_se
         __m256 zf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(zr + c)));
         for (int r = 0; r < R; r++) z[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)r * d + c), zf, z[r]);
     }
-    /* in reading order: step u, slot j, row r; channel c = j * stride + u */
+    /* in reading order: step u, slot j, row r; channel c = j * stride + u.
+     * A plane stride of 4 mod 8 bytes (2-bit codes at d = 80: 20) ends in
+     * a step of 4: its other 4 lanes read the next bytes (the next token's
+     * codes, or the block's metadata after the last token) and get q' = 0,
+     * so they add nothing; q and the scales are read under the mask. */
     int b = ps.b, slots = 8 / b;
     float *o = qs;
-    for (int u = 0; u < ps.stride; u += 8)
+    for (int u = 0; u < ps.stride; u += 8) {
+        const bool tail = u + 8 > ps.stride;
+        const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(ps.stride - u), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         for (int j = 0; j < slots; j++) {
             int c = j * ps.stride + u;
             /* the top slot is shifted down, not masked: c itself */
             __m256 f = pow2(ps.whole || j == slots - 1 ? 0 : -b * j);
-            __m256 sf = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + c))), f);
-            for (int r = 0; r < R; r++, o += 8)
-                _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)r * d + c), sf));
+            __m128i sh = tail ? _mm_loadl_epi64((const __m128i *)(sc + c)) : _mm_loadu_si128((const __m128i *)(sc + c));
+            __m256 sf = _mm256_mul_ps(_mm256_cvtph_ps(sh), f);
+            for (int r = 0; r < R; r++, o += 8) {
+                const float *qr = q + (size_t)r * d + c;
+                __m256 qv = tail ? _mm256_maskload_ps(qr, lanes) : _mm256_loadu_ps(qr);
+                _mm256_storeu_ps(o, _mm256_mul_ps(qv, sf));
+            }
         }
+    }
     for (int r = 0; r < 4; r++) qz[r] = r < R ? hsum8(z[r]) : 0.0f;
 }
 
@@ -310,7 +338,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
     size_t cb = code_bytes(bits, d);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
     plane_set ps = key_planes(bits, d);
-    float *qs = scratch, *qz = scratch + 4 * (size_t)d; /* [4][d], [4] */
+    float *qs = scratch, *qz = scratch + key_qs_floats(bits, d); /* q' (4 rows), [4] */
     for (int t = t0; t < t0 + n;) {
         int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
         const uint16_t *sc = meta + (size_t)g * 2 * d;
@@ -391,7 +419,9 @@ static ALWAYS_INLINE void score_rows_bits(const float *q, const int R, int d, in
 bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
     int d = p->head_dim, bits = p->bits, G = p->group;
-    if (!planes_ok(bits, d, 8) && !(bits == 3 && b3_across(d))) return false;
+    /* 2-, 4- and 8-bit planes of whole 8-byte steps or ending in a step of
+     * 4 (see prep_keys); 3-bit codes in steps of 8 */
+    if (bits == 3 ? !planes_ok(3, d, 8) && !b3_across(d) : !planes_ok(bits, d, 4)) return false;
     const bool wide = vq_cpu_has_avx512(); /* row groups by kivi_avx512.c */
     /* 4 rows at a time, then 2, then 1: the rows of one call share every
      * code load and conversion */
@@ -548,33 +578,49 @@ static ALWAYS_INLINE void accum_slot16(const uint8_t *codes, size_t cb, int cn, 
     add_rows16(a, deq, slot_scale(bits, j), R, acc, d);
 }
 
-/* accum_slot16 for a run of 8 channels (8 bytes a token), for plane
- * strides that are not whole 16-byte runs (2-bit codes at d = 96: 24
- * bytes). Runs of 16 would cross value groups there (slot 1 holds channels
- * 24-47 and groups are 32 wide); runs of 8 start at multiples of 8 and so
- * stay inside a group. One madd per 8 channels of a pair and row, as in
- * accum_slot16; the bytes of a pair fill one vector instead of two. */
+/* accum_slot16 for a run of 8 channels (8 bytes a token), or of 4 (run =
+ * 4), for plane strides that are not whole 16-byte runs (2-bit codes at
+ * d = 96: 24 bytes; at d = 80: 20). Runs of 16 would cross value groups
+ * there (slot 1 holds channels 24-47 and groups are 32 wide); runs of 8
+ * start at multiples of 8 and so stay inside a group, unless the stride
+ * is 4 mod 8 (d = 80: slot 1's run 28-35), where accum_plane takes runs of
+ * 4 instead. One madd per 8 channels of a pair and row, as in
+ * accum_slot16; the bytes of a pair fill one vector instead of two (a run
+ * of 4 fills half of it, the other half codes 0). */
+static ALWAYS_INLINE __m128i load_run(const uint8_t *p, const int run) {
+    if (run == 8) return _mm_loadl_epi64((const __m128i *)p);
+    int32_t x;
+    memcpy(&x, p, 4);
+    return _mm_cvtsi32_si128(x);
+}
+
 static ALWAYS_INLINE void accum_slot8(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, const int bits,
-                                      const int j, const float *deq, const int R, float *acc, int d) {
+                                      const int j, const int run, const float *deq, const int R, float *acc, int d) {
     __v8si a[4];
     for (int r = 0; r < R; r++) a[r] = (__v8si)_mm256_setzero_si256();
     const uint8_t *ca = codes;
     const int32_t *wt = wg;
     const uint8_t *end = codes + (size_t)(cn & ~1) * cb;
     for (; ca != end; ca += 2 * cb, wt++) {
-        __m128i xa = _mm_loadl_epi64((const __m128i *)ca), xb = _mm_loadl_epi64((const __m128i *)(ca + cb));
+        __m128i xa = load_run(ca, run), xb = load_run(ca + cb, run);
         __m256i x = take_slot(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xb)), bits, j);
         for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wt[r * (CHUNK / 2)]));
     }
     if (cn & 1) { /* paired with itself: its partner's weight is 0 */
-        __m128i xa = _mm_loadl_epi64((const __m128i *)ca);
+        __m128i xa = load_run(ca, run);
         __m256i x = take_slot(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xa)), bits, j);
         for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wt[r * (CHUNK / 2)]));
     }
     for (int r = 0; r < R; r++) {
         float *o = acc + (size_t)r * d;
         __m256 f = _mm256_set1_ps(deq[r] * slot_scale(bits, j));
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[r]), f, _mm256_loadu_ps(o)));
+        __m256 y = _mm256_cvtepi32_ps((__m256i)a[r]);
+        if (run == 8) {
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(y, f, _mm256_loadu_ps(o)));
+        } else {
+            __m128 y4 = _mm256_castps256_ps128(y), f4 = _mm256_castps256_ps128(f);
+            _mm_storeu_ps(o, _mm_fmadd_ps(y4, f4, _mm_loadu_ps(o)));
+        }
     }
 }
 
@@ -666,13 +712,14 @@ static ALWAYS_INLINE void accum_slot16_b3(const uint8_t *c2, const uint8_t *c1, 
     add_rows16(a, deq, 1.0f / (float)(1 << (j < 3 ? 2 * j : 4)), R, acc, d);
 }
 
-/* accum_slot16_b3 for a run of 8 channels u .. u + 7 of 2-bit slot j
- * (across shapes, b3_across): the high bits come from high_bytes8, which
- * puts every channel's at bit 2 j, so join_b3 takes h = 0; the pair fills
- * one vector of 8 channel pairs (as accum_slot8). */
+/* accum_slot16_b3 for a run of 8 channels u .. u + 7 of 2-bit slot j, or
+ * of 4 (run = 4; the sums of the other 4 lanes are dropped) (across
+ * shapes, b3_across_v): the high bits come from high_bytes8, which puts
+ * every channel's at bit 2 j, so join_b3 takes h = 0; the pair fills one
+ * vector of 8 channel pairs (as accum_slot8). */
 static ALWAYS_INLINE void accum_slot8_b3(const uint8_t *c2, const uint8_t *c1, int u, int s1, size_t cb, int cn,
-                                         const int32_t *wg, const int j, const float *deq, const int R, float *acc,
-                                         int d) {
+                                         const int32_t *wg, const int j, const int run, const float *deq, const int R,
+                                         float *acc, int d) {
     __v8si a[4];
     for (int r = 0; r < R; r++) a[r] = (__v8si)_mm256_setzero_si256();
     const uint8_t *end = c2 + (size_t)(cn & ~1) * cb;
@@ -690,21 +737,36 @@ static ALWAYS_INLINE void accum_slot8_b3(const uint8_t *c2, const uint8_t *c1, i
     for (int r = 0; r < R; r++) {
         float *o = acc + (size_t)r * d;
         __m256 f = _mm256_set1_ps(deq[r] / (float)(1 << (j < 3 ? 2 * j : 4)));
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps((__m256i)a[r]), f, _mm256_loadu_ps(o)));
+        __m256 y = _mm256_cvtepi32_ps((__m256i)a[r]);
+        if (run == 8) {
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(y, f, _mm256_loadu_ps(o)));
+        } else {
+            __m128 y4 = _mm256_castps256_ps128(y), f4 = _mm256_castps256_ps128(f);
+            _mm_storeu_ps(o, _mm_fmadd_ps(y4, f4, _mm_loadu_ps(o)));
+        }
     }
 }
 
-/* Every channel of 3-bit codes of an across shape (b3_across) for one
- * chunk: runs of 8 channels (they stay inside a value group, which is a
- * multiple of 8 wide). */
+/* Every channel of 3-bit codes of an across shape (b3_across_v) for one
+ * chunk: runs of 8 channels, or of 4 where a run of 8 would pass the slot
+ * or a value group's edge (d = 80: slots of 20 channels, 2-bit slot 1's
+ * run 28-35). */
 static ALWAYS_INLINE void accum_planes_b3x(const uint8_t *codes, size_t cb, int cn, int G, const int32_t *wp,
                                            const float *deq, const int R, float *acc, int d) {
     const int s2 = d / 4, s1 = d / 8;
     for (int u = 0; u < s2; u += 8)
         for (int j = 0; j < 4; j++) {
             int ch = j * s2 + u, g = ch / G;
-            accum_slot8_b3(codes + u, codes + s2, u, s1, cb, cn, wp + (size_t)g * R * (CHUNK / 2), j, deq, R, acc + ch,
-                           d);
+            if (u + 8 <= s2 && (ch + 7) / G == g) {
+                accum_slot8_b3(codes + u, codes + s2, u, s1, cb, cn, wp + (size_t)g * R * (CHUNK / 2), j, 8, deq, R,
+                               acc + ch, d);
+                continue;
+            }
+            for (int v = u; v < u + 8 && v < s2; v += 4) {
+                int cv = j * s2 + v;
+                accum_slot8_b3(codes + v, codes + s2, v, s1, cb, cn, wp + (size_t)(cv / G) * R * (CHUNK / 2), j, 4, deq,
+                               R, acc + cv, d);
+            }
         }
 }
 
@@ -729,11 +791,19 @@ static ALWAYS_INLINE void accum_planes_b3(const uint8_t *codes, size_t cb, int c
 static ALWAYS_INLINE void accum_plane(const uint8_t *codes, size_t cb, int cn, const int bits, int G,
                                       const int32_t *wp, const float *deq, const int R, float *acc, int d) {
     const int stride = (int)cb;
-    if (stride % 16 != 0) { /* runs of 8 (accum_slot8) */
+    if (stride % 16 != 0) { /* runs of 8, or of 4 where 8 would cross a group or the stride (accum_slot8) */
         for (int u = 0; u < stride; u += 8)
             for (int j = 0; j < 8 / bits; j++) {
                 int ch = j * stride + u, g = ch / G;
-                accum_slot8(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, deq, R, acc + ch, d);
+                if (u + 8 <= stride && (ch + 7) / G == g) {
+                    accum_slot8(codes + u, cb, cn, wp + (size_t)g * R * (CHUNK / 2), bits, j, 8, deq, R, acc + ch, d);
+                    continue;
+                }
+                for (int v = u; v < u + 8 && v < stride; v += 4) {
+                    int cv = j * stride + v;
+                    accum_slot8(codes + v, cb, cn, wp + (size_t)(cv / G) * R * (CHUNK / 2), bits, j, 4, deq, R,
+                                acc + cv, d);
+                }
             }
         return;
     }
@@ -793,7 +863,7 @@ static void regroup_meta4(const uint16_t *m, int ng, float *sT, float *zT) {
 static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d, int G, const int bits, const bool across,
                                      const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
                                      float *scratch) {
-    int ng = d / G, cmax = bits == 3 ? 7 : (1 << bits) - 1;
+    int ng = (d + G - 1) / G, cmax = bits == 3 ? 7 : (1 << bits) - 1; /* the last group may be shorter */
     size_t cb = code_bytes(bits, d);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
     /* scratch: mf [CHUNK][ng][2] the chunk's (scale, zero) floats as
@@ -858,7 +928,8 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
         for (int g = 0; g < ng; g++) {
             __m256 z = _mm256_set1_ps(hsum8(zv[r * ng + g]));
             float *o = acc + (size_t)r * d + g * G;
-            for (int c = 0; c < G; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), z));
+            int gw = d - g * G < G ? d - g * G : G; /* a multiple of 8 */
+            for (int c = 0; c < gw; c += 8) _mm256_storeu_ps(o + c, _mm256_add_ps(_mm256_loadu_ps(o + c), z));
         }
 }
 
@@ -870,7 +941,7 @@ static ALWAYS_INLINE void accum_rows_bits(const float *w, int ld, const int R, i
     switch (bits) {
     case 2: accum_rows(w, ld, R, d, G, 2, false, blk, block_tokens, t0, n, acc, scratch); break;
     case 3:
-        if (b3_across(d)) accum_rows(w, ld, R, d, G, 3, true, blk, block_tokens, t0, n, acc, scratch);
+        if (b3_across_v(d)) accum_rows(w, ld, R, d, G, 3, true, blk, block_tokens, t0, n, acc, scratch);
         else accum_rows(w, ld, R, d, G, 3, false, blk, block_tokens, t0, n, acc, scratch);
         break;
     case 4: accum_rows(w, ld, R, d, G, 4, false, blk, block_tokens, t0, n, acc, scratch); break;
@@ -880,10 +951,11 @@ static ALWAYS_INLINE void accum_rows_bits(const float *w, int ld, const int R, i
 
 bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, const uint8_t *blk,
                         int block_tokens, int t0, int n, float *acc, float *scratch) {
-    int d = p->head_dim, G = p->group, ng = d / G, bits = p->bits;
-    /* runs of 16 bytes, or of 8 for 2-, 4- and 8-bit planes (accum_slot8) */
-    if (!(planes_ok(bits, d, bits == 3 ? 16 : 8) || (bits == 3 && b3_across(d))) || d % G != 0 || ng > 16)
-        return false;
+    int d = p->head_dim, G = p->group, ng = (d + G - 1) / G, bits = p->bits;
+    /* runs of 16 bytes, or of 8 and 4 for 2-, 4- and 8-bit planes
+     * (accum_slot8); a last value group shorter than G is taken like the
+     * others (runs never cross a group edge) */
+    if (!(bits == 3 ? planes_ok(3, d, 16) || b3_across_v(d) : planes_ok(bits, d, 4)) || ng > 16) return false;
     if (vq_cpu_has_avx512_vnni() && vq_kivi_accum_avx512(p, w, ld, rows, blk, block_tokens, t0, n, acc, scratch))
         return true;
     /* 4 rows at a time, then 2, then 1 */
@@ -902,8 +974,11 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
 /* Scratch floats the two kernels above need (for 4 rows at a time), or
  * kivi_avx512.c's value driver, whichever is more. */
 size_t vq_kivi_scratch_avx2(const vq_mparams *p) {
-    size_t d = (size_t)p->head_dim, ng = d / (size_t)p->group;
-    if (!p->is_value) return 4 * d + 4; /* q' [4][d], zero terms [4] */
+    size_t d = (size_t)p->head_dim, ng = (d + (size_t)p->group - 1) / (size_t)p->group;
+    if (!p->is_value) { /* q' (4 rows, padded), zero terms [4]; kivi_avx512.c's [4][d], [4] */
+        size_t qf = key_qs_floats(p->bits, p->head_dim);
+        return (qf > 4 * d ? qf : 4 * d) + 4;
+    }
     /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], smax [CHUNK],
      * wp [ng][4][CHUNK/2], zv [4][ng][8] and 8 floats to align it */
     size_t n = 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;

@@ -1,5 +1,6 @@
 /* polar_avx2.c's PolarQuant kernels (4 levels, 4/2/2/2 angle bits, d a
- * multiple of 128) with two tokens a register: lanes 0-7 hold the 8
+ * multiple of 16, a last lane group of fewer than 8 blocks masked as
+ * there) with two tokens a register: lanes 0-7 hold the 8
  * coordinate blocks of a lane group for one token, lanes 8-15 the same
  * blocks of the next token, so every instruction rebuilds and uses twice
  * the coordinates. The prepared query rows and the accumulator rows keep
@@ -50,14 +51,20 @@ typedef struct {
     __m512i l1, l2, l3, l4;
 } codes16;
 
-static ALWAYS_INLINE codes16 load_codes16(const uint8_t *a, const uint8_t *b, int nb, int g) {
+static ALWAYS_INLINE uint32_t level4_bits(const uint8_t *c, int nb, int g, const bool ragged) {
+    const int sh = ragged ? (44 * nb) % 8 : 0; /* level 4 starts at bit 44 nb */
+    const uint8_t *c4 = c + (44 * nb) / 8 + 2 * g;
+    uint16_t u16;
+    memcpy(&u16, c4, sizeof u16);
+    return sh ? ((uint32_t)u16 | (uint32_t)c4[2] << 16) >> sh : u16;
+}
+
+static ALWAYS_INLINE codes16 load_codes16(const uint8_t *a, const uint8_t *b, int nb, int g, const bool ragged) {
     codes16 x;
     uint32_t u3a, u3b;
-    uint16_t u4a, u4b;
     memcpy(&u3a, a + 5 * nb + 4 * g, sizeof u3a);
     memcpy(&u3b, b + 5 * nb + 4 * g, sizeof u3b);
-    memcpy(&u4a, a + 5 * nb + nb / 2 + 2 * g, sizeof u4a);
-    memcpy(&u4b, b + 5 * nb + nb / 2 + 2 * g, sizeof u4b);
+    uint32_t u4a = level4_bits(a, nb, g, ragged), u4b = level4_bits(b, nb, g, ragged);
     x.l1 = join_i(_mm256_loadu_si256((const __m256i *)(a + 32 * g)), _mm256_loadu_si256((const __m256i *)(b + 32 * g)));
     x.l2 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(a + 4 * nb + 8 * g)),
                                                    _mm_loadl_epi64((const __m128i *)(b + 4 * nb + 8 * g))));
@@ -68,11 +75,15 @@ static ALWAYS_INLINE codes16 load_codes16(const uint8_t *a, const uint8_t *b, in
     return x;
 }
 
-/* The radii of lane group g of tokens a and b (fp16, nb a token). */
-static ALWAYS_INLINE __m512 load_rad16(const uint16_t *ra, const uint16_t *rb, int g) {
+/* The radii of lane group g of tokens a and b (fp16, nb a token), 0 in
+ * the lanes past the last block. */
+static ALWAYS_INLINE __m512 load_rad16(const uint16_t *ra, const uint16_t *rb, int nb, int g, const bool ragged) {
     __m256i h = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(rb + 8 * g)),
                                  _mm_loadu_si128((const __m128i *)(ra + 8 * g)));
-    return _mm512_cvtph_ps(h);
+    __m512 r = _mm512_cvtph_ps(h);
+    if (!ragged || nb - 8 * g >= 8) return r;
+    const __mmask16 half = (__mmask16)((1u << (nb - 8 * g)) - 1);
+    return _mm512_maskz_mov_ps((__mmask16)(half | half << 8), r);
 }
 
 /* The radius times the cosines and sines of levels 4 and 3: the parents of
@@ -133,7 +144,7 @@ void vq_polar_sum_parts(const float *part, int t0, int cnt, float *logits, int l
 /* Scores n tokens for R rows (4 or 1) of q ([g][i][r][8]), two tokens a
  * step (an odd last token paired with itself, its second copy unused). */
 static ALWAYS_INLINE void score_rows(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d,
-                                     int n, const float *q, const int R, float *logits, int ld) {
+                                     int n, const float *q, const int R, const bool ragged, float *logits, int ld) {
     int nb = d / 16;
     float part[4 * 8 * 8]; /* a short last group sums old or zero lanes, never stored */
     if (R == 4 && n % 8) memset(part, 0, sizeof part);
@@ -142,10 +153,10 @@ static ALWAYS_INLINE void score_rows(const trig16 *tr, const uint16_t *rad, cons
         const uint8_t *ca = codes + (size_t)t * cb, *cbt = codes + (size_t)tb * cb;
         __m512 acc[8];
         for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
-        for (int g = 0; g < nb / 8; g++) {
-            codes16 x = load_codes16(ca, cbt, nb, g);
+        for (int g = 0; g < (nb + 7) / 8; g++) {
+            codes16 x = load_codes16(ca, cbt, nb, g, ragged);
             __m512 a3[4];
-            top_levels(tr, &x, load_rad16(rad + (size_t)t * nb, rad + (size_t)tb * nb, g), a3);
+            top_levels(tr, &x, load_rad16(rad + (size_t)t * nb, rad + (size_t)tb * nb, nb, g, ragged), a3);
             const float *qg = q + (size_t)g * 128 * R;
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
@@ -174,10 +185,17 @@ static ALWAYS_INLINE void score_rows(const trig16 *tr, const uint16_t *rad, cons
 void vq_polar_score_avx512(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
                            size_t cb, int d, int n, const float *q, int rows, float *logits, int ld) {
     trig16 tr = load_trig(cs, sn);
+    const size_t w = (size_t)(d + 127) / 128 * 128; /* q's row stride: whole lane groups */
+    const bool ragged = d % 128 != 0;                /* an instance of its own, as in polar_avx2.c */
     int r = 0;
-    for (; r + 4 <= rows; r += 4)
-        score_rows(&tr, rad, codes, cb, d, n, q + (size_t)r * d, 4, logits + (size_t)r * ld, ld);
-    for (; r < rows; r++) score_rows(&tr, rad, codes, cb, d, n, q + (size_t)r * d, 1, logits + (size_t)r * ld, ld);
+    for (; r + 4 <= rows; r += 4) {
+        if (ragged) score_rows(&tr, rad, codes, cb, d, n, q + r * w, 4, true, logits + (size_t)r * ld, ld);
+        else score_rows(&tr, rad, codes, cb, d, n, q + r * w, 4, false, logits + (size_t)r * ld, ld);
+    }
+    for (; r < rows; r++) {
+        if (ragged) score_rows(&tr, rad, codes, cb, d, n, q + r * w, 1, true, logits + (size_t)r * ld, ld);
+        else score_rows(&tr, rad, codes, cb, d, n, q + r * w, 1, false, logits + (size_t)r * ld, ld);
+    }
 }
 
 /* Token pairs per pass of the value kernel (their level-1 parents on the
@@ -188,12 +206,12 @@ void vq_polar_score_avx512(const float cs[][16], const float sn[][16], const uin
  * [0, cnt)): par[8 p + j] = level-1 node j's parent, l1[p] the pair's
  * level-1 codes; an odd last token is paired with itself. */
 static ALWAYS_INLINE void parents(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb, int g,
-                                  int cnt, __m512 *par, __m512i *l1) {
+                                  const bool ragged, int cnt, __m512 *par, __m512i *l1) {
     for (int t = 0; t < cnt; t += 2) {
         const int tb = t + 1 < cnt ? t + 1 : t;
-        codes16 x = load_codes16(codes + (size_t)t * cb, codes + (size_t)tb * cb, nb, g);
+        codes16 x = load_codes16(codes + (size_t)t * cb, codes + (size_t)tb * cb, nb, g, ragged);
         __m512 a3[4], *pt = par + 4 * t;
-        top_levels(tr, &x, load_rad16(rad + (size_t)t * nb, rad + (size_t)tb * nb, g), a3);
+        top_levels(tr, &x, load_rad16(rad + (size_t)t * nb, rad + (size_t)tb * nb, nb, g, ragged), a3);
         for (int j = 0; j < 4; j++) level2(tr, &x, a3[j], j, &pt[2 * j], &pt[2 * j + 1]);
         l1[t / 2] = x.l1;
     }
@@ -227,7 +245,7 @@ static ALWAYS_INLINE void accum_node(const trig16 *tr, const __m512 *par, const 
  * pair (parents), then the leaves node by node with the node's sums in
  * registers (accum_node). */
 static ALWAYS_INLINE void accum_rows(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d,
-                                     int n, const float *w, int ld, const int R, float *acc) {
+                                     int n, const float *w, int ld, const int R, float *acc, int aw) {
     int nb = d / 16;
     __m512 par[8 * VPAIRS], wp[4 * VPAIRS];
     __m512i l1[VPAIRS];
@@ -242,9 +260,9 @@ static ALWAYS_INLINE void accum_rows(const trig16 *tr, const uint16_t *rad, cons
                     _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(wr[0]))),
                                                         _mm256_castps_pd(_mm256_set1_ps(w1)), 1));
             }
-        for (int g = 0; g < nb / 8; g++) {
-            parents(tr, rad + (size_t)t0 * nb, codes + (size_t)t0 * cb, cb, nb, g, cnt, par, l1);
-            for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, np, wp, R, acc + (size_t)g * 128, d);
+        for (int g = 0; g < (nb + 7) / 8; g++) {
+            parents(tr, rad + (size_t)t0 * nb, codes + (size_t)t0 * cb, cb, nb, g, nb % 8 != 0, cnt, par, l1);
+            for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, np, wp, R, acc + (size_t)g * 128, aw);
         }
     }
 }
@@ -252,8 +270,9 @@ static ALWAYS_INLINE void accum_rows(const trig16 *tr, const uint16_t *rad, cons
 void vq_polar_accum_avx512(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
                            size_t cb, int d, int n, const float *w, int ld, int rows, float *acc) {
     trig16 tr = load_trig(cs, sn);
+    const size_t aw = (size_t)(d + 127) / 128 * 128; /* acc's row stride: whole lane groups */
     int r = 0;
     for (; r + 4 <= rows; r += 4)
-        accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, acc + (size_t)r * d);
-    for (; r < rows; r++) accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, acc + (size_t)r * d);
+        accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, acc + r * aw, (int)aw);
+    for (; r < rows; r++) accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, acc + r * aw, (int)aw);
 }

@@ -50,20 +50,21 @@
 /* Whether every 8-channel run of the part sits in 8 consecutive bytes. */
 static bool part_covered(const vq_code_part *p) {
     if (p->n % 8 != 0) return false;
-    if (p->bits == 3) return p->n % 64 == 0 || (p->n % 16 == 0 && p->n / 8 <= 16); /* else than % 64: ACROSS */
-    if (p->bits == 1) return p->n % 32 == 0; /* n % 64 == 32: a 4-byte tail, see tail_bytes */
-    if (p->bits == 2) return p->n % 16 == 0; /* n % 32 == 16: a 4-byte tail, ACROSS */
-    if (p->bits == 4) return p->n % 16 == 0;
+    if (p->bits == 3) return p->n % 64 == 0 || p->n / 8 <= 16; /* else than % 64: ACROSS */
+    if (p->bits == 1) return p->n % 16 == 0; /* n % 64 != 0: a tail of 2, 4 or 6 bytes, see tail_bytes */
+    if (p->bits == 2) return true;            /* n % 32 != 0: a tail of 2, 4 or 6 bytes, ACROSS */
+    if (p->bits == 4) return p->n % 8 == 0; /* n % 16 == 8: a 4-byte tail (fractional rates' parts, prepare_parts) */
     return false;
 }
 
-/* Bytes of a part's last run of 8 that belong to it: 4 for a 1-bit part
- * of n % 64 == 32 channels (n = 96: 12 bytes a token), else 8. Keys read
+/* Bytes of a part's last run of 8 that belong to it: n / 8 mod 8 for a
+ * 1-bit part of n % 64 != 0 channels (n = 96: 12 bytes a token, a tail of
+ * 4; n = 80: 10 bytes, 2), else 8. Keys read
  * the whole run (the bytes after a token's codes are more codes or the
  * block's norms, inside the block) with q' zero in the lanes past the
  * part (prep_part); values mask those lanes of the accumulators
  * (accum_pairs_tail). Single 1-bit parts only (prepare_parts). */
-static int tail_bytes(const vq_code_part *p) { return p->bits == 1 && p->n % 64 == 32 ? 4 : 8; }
+static int tail_bytes(const vq_code_part *p) { return p->bits == 1 && p->n % 64 != 0 ? p->n / 8 % 8 : 8; }
 
 /* How a part's levels are looked up. FOLDED: 4-bit levels that are
  * antisymmetric, bit for bit: table[15 - c] == -table[c] (Lloyd-Max
@@ -75,8 +76,9 @@ static int tail_bytes(const vq_code_part *p) { return p->bits == 1 && p->n % 64 
  * vpermps and the fold (rvq 2-bit: 56.7 -> 47.9 ns per (token, kv head)).
  * ACROSS: 3-bit codes whose 1-bit plane slots (n / 8 bytes) are not whole
  * runs of 8 (n = 96, 48: load_high), and 2- or 3-bit codes whose 2-bit
- * plane slots end in a run of 4 (n = 48: n / 4 = 12 bytes); the kernels
- * for them are instances of their own (score_b3x, score_anyx, ...).
+ * plane slots end in a run of 2, 4 or 6 (n = 48: n / 4 = 12 bytes; n = 40:
+ * 10); the kernels for them are instances of their own (score_b3x,
+ * score_anyx, ...).
  * PLAIN: everything else. */
 enum { PLAIN, FOLDED, FOLDED_PRE, HALVES, ACROSS };
 
@@ -563,6 +565,9 @@ static bool prepare_parts(const vq_code_part *parts, int nparts, size_t cb, int 
         if (!part_covered(&parts[k])) return false;
         kind[k] = part_kind(&parts[k], nparts);
         if (tail_bytes(&parts[k]) < 8 && nparts > 1) return false; /* 1-bit tails: single parts only */
+        /* 4-bit tails: next to another part only (tq-mse 3.5-bit at d = 80:
+         * 40 channels), never the folded single part (fold_codes) */
+        if (parts[k].bits == 4 && parts[k].n % 16 != 0 && nparts == 1) return false;
     }
     *pre = prefold(parts, nparts, cb, kind);
     for (int k = 0; k < nparts; k++) part_tables(&parts[k], kind[k], tabs + 16 * k);
@@ -649,9 +654,12 @@ static ALWAYS_INLINE void accum_part(const vq_code_part *p, const float *tab, co
     for (int u = 0; u < stride; u += 8)
         for (int j0 = 0; j0 < slots; j0 += G) {
             __m256 a[8];
-            /* ACROSS: a run of 4 at the end of the slots; its other lanes
-             * (the next bytes of the block) are neither loaded nor stored */
-            const bool tail = F == ACROSS && u + 8 > stride;
+            /* a run of 2, 4 or 6 at the end of the slots (ACROSS parts, and
+             * 4-bit parts of n % 16 == 8 channels); its other lanes (the
+             * next slot's channels) are neither loaded nor stored. The test
+             * is outside the token loop: 4-bit parts of whole runs (d = 128,
+             * AVX2 level) measured within 1 % of the code without it. */
+            const bool tail = (F == ACROSS || B == 4) && u + 8 > stride;
             const __m256i keep =
                 _mm256_cmpgt_epi32(_mm256_set1_epi32(stride - u), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
             for (int r = 0; r < R; r++)
@@ -760,10 +768,10 @@ static NOINLINE void accum_any(const vq_code_part *parts, int nparts, const floa
 
 /* Words w[i] = bits of a[i] at the even positions, of b[i] (0 without b)
  * at the odd ones, for len bytes: each nibble spread by a vpshufb table.
- * len is a multiple of 8, or of 4 for a part with a tail (tail_bytes):
- * then the last step reads 4 bytes past the part (still inside the block)
- * and writes 4 words past w + len, lanes that accum_pairs_rows masks (the
- * next pair's words overwrite them). */
+ * len is a multiple of 8, or of 2 for a part with a tail (tail_bytes):
+ * then the last step reads up to 6 bytes past the part (still inside the
+ * block) and writes as many words past w + len, lanes that
+ * accum_pairs_rows masks (the next pair's words overwrite them). */
 static void pair_bits(const uint8_t *a, const uint8_t *b, int len, uint16_t *w) {
     const __m128i spread = _mm_setr_epi8(0, 1, 4, 5, 16, 17, 20, 21, 64, 65, 68, 69, 80, 81, 84, 85);
     const __m128i low = _mm_set1_epi8(15);
