@@ -175,12 +175,17 @@ typedef struct {
 #endif
 
 /* One prefetch every `step` bytes of [p, p + bytes), and its last byte;
- * with the non-temporal hint when nta. */
+ * with the non-temporal hint when nta, and then every other step only:
+ * the near prefetch asks for every line of the part again one part later.
+ * Zen 5, 32768 tokens, 2 threads, medians of 12 interleaved runs: KIVI-2
+ * 2.17 -> 2.09 ms, KIVI-4 2.41 -> 2.32 (tq-mse 3-bit, tq-prod 4-bit and
+ * polar within 2 %); every other line for the near prefetch as well:
+ * KIVI-2 2.35. */
 static PREFETCH_INLINE void prefetch_range(const uint8_t *p, size_t bytes, size_t step, bool nta) {
 #if defined(__GNUC__)
     if (bytes == 0) return;
     if (nta) {
-        for (size_t o = 0; o < bytes; o += step) __builtin_prefetch(p + o, 0, 0);
+        for (size_t o = 0; o < bytes; o += 2 * step) __builtin_prefetch(p + o, 0, 0);
         __builtin_prefetch(p + bytes - 1, 0, 0);
         return;
     }
