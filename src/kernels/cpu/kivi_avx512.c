@@ -27,6 +27,9 @@
 #define ALWAYS_INLINE inline
 #endif
 
+/* Floats of q' for 4 rows in steps of `step` bytes (kivi_avx2.c). */
+size_t vq_kivi_key_qs_floats(int bits, int d, int step);
+
 /* Tokens per value chunk: kivi_avx2.c's CHUNK (its comment has the why),
  * the pair stride of the weight table. */
 #define CHUNK 32
@@ -52,14 +55,20 @@ static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, const in
     }
     const int slots = 8 / b;
     float *o = qs;
-    for (int u = 0; u < stride; u += 16)
+    for (int u = 0; u < stride; u += 16) {
+        /* a plane stride of 4, 8 or 12 mod 16 bytes (2-bit codes at d = 96:
+         * 24) ends in a shorter step: its other lanes read the next bytes
+         * (more codes, or the block's metadata after the last token) and
+         * get q' = 0; q and the scales are read under the mask */
+        const __mmask16 k = stride - u >= 16 ? 0xFFFF : (__mmask16)((1u << (stride - u)) - 1);
         for (int j = 0; j < slots; j++) {
             int c = j * stride + u;
             __m512 f = pow2(whole || j == slots - 1 ? 0 : -b * j);
-            __m512 sf = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + c))), f);
+            __m512 sf = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + c)), f);
             for (int r = 0; r < R; r++, o += 16)
-                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(q + (size_t)r * d + c), sf));
+                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, q + (size_t)r * d + c), sf));
         }
+    }
     for (int r = 0; r < R; r++) qz[r] = _mm512_reduce_add_ps(z[r]);
 }
 
@@ -141,7 +150,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
     const int b = bits == 3 ? 2 : bits, stride = bits == 3 ? d / 4 : d * b / 8;
     const size_t cb = (size_t)d * (size_t)bits / 8;
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
-    float *qs = scratch, *qz = scratch + 4 * (size_t)d;
+    float *qs = scratch, *qz = scratch + vq_kivi_key_qs_floats(bits, d, 16);
     for (int t = t0; t < t0 + n;) {
         int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
         const uint16_t *sc = meta + (size_t)g * 2 * d;
@@ -220,7 +229,7 @@ static ALWAYS_INLINE void score_rows_bits(const float *q, const int R, int d, in
 
 bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                                int t0, int n, float *logits, int ld, float *scratch) {
-    if (bits == 3 ? d % 128 != 0 : (bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 16 != 0) return false;
+    if (bits == 3 ? d % 128 != 0 : (bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 4 != 0) return false;
     if (R == 4) score_rows_bits(q, 4, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
     else if (R == 2) score_rows_bits(q, 2, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
     else score_rows_bits(q, 1, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
