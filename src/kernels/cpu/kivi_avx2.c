@@ -140,11 +140,12 @@ static plane_set key_planes(int bits, int d) {
     return (plane_set){bits, (int)code_bytes(bits, d), false};
 }
 
-/* Floats of q' for 4 rows (prep_keys): a plane stride that ends in a step
- * of 4 is padded to 8, so d = 80 at 2 bits takes 4 x 4 x 24, not 4 x 80. */
-static size_t key_qs_floats(int bits, int d) {
+/* Floats of q' for 4 rows (prep_keys here, steps of 8 bytes; kivi_avx512.c's,
+ * steps of 16): a plane stride that ends in a shorter step is padded to a
+ * whole one, so d = 80 at 2 bits takes 4 x 4 x 24 here, not 4 x 80. */
+size_t vq_kivi_key_qs_floats(int bits, int d, int step) {
     plane_set ps = key_planes(bits, d);
-    return 4 * (size_t)(8 / ps.b) * (size_t)((ps.stride + 7) / 8 * 8);
+    return 4 * (size_t)(8 / ps.b) * (size_t)((ps.stride + step - 1) / step * step);
 }
 
 /* For one token group's fp16 scale sc and zero zr and the R rows of q:
@@ -338,7 +339,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
     size_t cb = code_bytes(bits, d);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
     plane_set ps = key_planes(bits, d);
-    float *qs = scratch, *qz = scratch + key_qs_floats(bits, d); /* q' (4 rows), [4] */
+    float *qs = scratch, *qz = scratch + vq_kivi_key_qs_floats(bits, d, 8); /* q' (4 rows), [4] */
     for (int t = t0; t < t0 + n;) {
         int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
         const uint16_t *sc = meta + (size_t)g * 2 * d;
@@ -975,10 +976,8 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
  * kivi_avx512.c's value driver, whichever is more. */
 size_t vq_kivi_scratch_avx2(const vq_mparams *p) {
     size_t d = (size_t)p->head_dim, ng = (d + (size_t)p->group - 1) / (size_t)p->group;
-    if (!p->is_value) { /* q' (4 rows, padded), zero terms [4]; kivi_avx512.c's [4][d], [4] */
-        size_t qf = key_qs_floats(p->bits, p->head_dim);
-        return (qf > 4 * d ? qf : 4 * d) + 4;
-    }
+    if (!p->is_value) /* q' (4 rows, padded to steps of 16 for kivi_avx512.c, which covers 8), zero terms [4] */
+        return vq_kivi_key_qs_floats(p->bits, p->head_dim, 16) + 4;
     /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], smax [CHUNK],
      * wp [ng][4][CHUNK/2], zv [4][ng][8] and 8 floats to align it */
     size_t n = 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;

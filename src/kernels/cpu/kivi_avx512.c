@@ -20,12 +20,16 @@
 #include "vq_internal.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #if defined(__GNUC__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #define ALWAYS_INLINE inline
 #endif
+
+/* Floats of q' for 4 rows in steps of `step` bytes (kivi_avx2.c). */
+size_t vq_kivi_key_qs_floats(int bits, int d, int step);
 
 /* Tokens per value chunk: kivi_avx2.c's CHUNK (its comment has the why),
  * the pair stride of the weight table. */
@@ -52,14 +56,20 @@ static ALWAYS_INLINE void prep_keys(const float *q, const int R, int d, const in
     }
     const int slots = 8 / b;
     float *o = qs;
-    for (int u = 0; u < stride; u += 16)
+    for (int u = 0; u < stride; u += 16) {
+        /* a plane stride of 4, 8 or 12 mod 16 bytes (2-bit codes at d = 96:
+         * 24) ends in a shorter step: its other lanes read the next bytes
+         * (more codes, or the block's metadata after the last token) and
+         * get q' = 0; q and the scales are read under the mask */
+        const __mmask16 k = stride - u >= 16 ? 0xFFFF : (__mmask16)((1u << (stride - u)) - 1);
         for (int j = 0; j < slots; j++) {
             int c = j * stride + u;
             __m512 f = pow2(whole || j == slots - 1 ? 0 : -b * j);
-            __m512 sf = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + c))), f);
+            __m512 sf = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, sc + c)), f);
             for (int r = 0; r < R; r++, o += 16)
-                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(q + (size_t)r * d + c), sf));
+                _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, q + (size_t)r * d + c), sf));
         }
+    }
     for (int r = 0; r < R; r++) qz[r] = _mm512_reduce_add_ps(z[r]);
 }
 
@@ -141,7 +151,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
     const int b = bits == 3 ? 2 : bits, stride = bits == 3 ? d / 4 : d * b / 8;
     const size_t cb = (size_t)d * (size_t)bits / 8;
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
-    float *qs = scratch, *qz = scratch + 4 * (size_t)d;
+    float *qs = scratch, *qz = scratch + vq_kivi_key_qs_floats(bits, d, 16);
     for (int t = t0; t < t0 + n;) {
         int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
         const uint16_t *sc = meta + (size_t)g * 2 * d;
@@ -220,7 +230,7 @@ static ALWAYS_INLINE void score_rows_bits(const float *q, const int R, int d, in
 
 bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                                int t0, int n, float *logits, int ld, float *scratch) {
-    if (bits == 3 ? d % 128 != 0 : (bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 16 != 0) return false;
+    if (bits == 3 ? d % 128 != 0 : (bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 4 != 0) return false;
     if (R == 4) score_rows_bits(q, 4, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
     else if (R == 2) score_rows_bits(q, 2, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
     else score_rows_bits(q, 1, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
@@ -315,6 +325,49 @@ static ALWAYS_INLINE VNNI void accum_run(const uint8_t *codes, size_t cb, int cn
     }
 }
 
+/* Slot j of one run of 16, 8 or 4 bytes of plane codes (channels of one
+ * value group) for R rows over a chunk of cn tokens, for plane strides
+ * that are not whole runs of 32 (2-bit codes at d = 96: 24 bytes; at
+ * d = 80: 20): a pair's bytes, interleaved, fill one vector of 16 channel
+ * pairs in channel order (a shorter run leaves the rest 0), one vpdpwssd
+ * per row; the sums meet acc under a mask of the run's channels. */
+static ALWAYS_INLINE VNNI __m128i load_bytes(const uint8_t *p, const int run) {
+    if (run == 16) return _mm_loadu_si128((const __m128i *)p);
+    if (run == 8) return _mm_loadl_epi64((const __m128i *)p);
+    int32_t x;
+    memcpy(&x, p, 4);
+    return _mm_cvtsi32_si128(x);
+}
+
+static ALWAYS_INLINE VNNI __m512i widen_pair16(__m128i xa, __m128i xb) {
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(xa, xb), _mm_unpacklo_epi8(xa, xb)));
+}
+
+static ALWAYS_INLINE VNNI void accum_short(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, const int b,
+                                           const int j, const int run, const int R, const float *deq, float *acc,
+                                           int d) {
+    __m512i a[4];
+    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_si512();
+    const uint8_t *ca = codes, *end = codes + (size_t)(cn & ~1) * cb;
+    int i = 0;
+    for (; ca != end; ca += 2 * cb, i++) {
+        __m512i x = take_slot(widen_pair16(load_bytes(ca, run), load_bytes(ca + cb, run)), b, j);
+        for (int r = 0; r < R; r++) a[r] = dpwssd(a[r], x, _mm512_set1_epi32(wg[r * (CHUNK / 2) + i]));
+    }
+    if (cn & 1) { /* the odd last token, paired with itself: its partner's weight is 0 */
+        __m128i y = load_bytes(ca, run);
+        __m512i x = take_slot(widen_pair16(y, y), b, j);
+        for (int r = 0; r < R; r++) a[r] = dpwssd(a[r], x, _mm512_set1_epi32(wg[r * (CHUNK / 2) + i]));
+    }
+    const __mmask16 k = (__mmask16)((1u << run) - 1);
+    const float fs = b == 8 || j == 8 / b - 1 ? 1.0f : 1.0f / (float)(1 << (b * j));
+    for (int r = 0; r < R; r++) {
+        float *o = acc + (size_t)r * d;
+        __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), _mm512_set1_ps(deq[r] * fs), _mm512_maskz_loadu_ps(k, o));
+        _mm512_mask_storeu_ps(o, k, y);
+    }
+}
+
 /* All slots of b-bit plane codes for one chunk (cn tokens) and R rows: runs
  * of 32 bytes, two slots at a time (16 int32 accumulators for 4 rows; all
  * four 2-bit slots at once would take all 32 registers). wp is
@@ -322,6 +375,20 @@ static ALWAYS_INLINE VNNI void accum_run(const uint8_t *codes, size_t cb, int cn
 static ALWAYS_INLINE VNNI void accum_plane(const uint8_t *codes, size_t cb, int cn, const int b, int G,
                                            const int32_t *wp, const float *deq, const int R, float *acc, int d) {
     const int stride = (int)cb, slots = 8 / b;
+    if (stride % 32 != 0) { /* runs of 16, 8 or 4: the longest that stays inside the slot and a value group */
+        for (int j = 0; j < slots; j++)
+            for (int v = 0; v < stride;) {
+                const int ch = j * stride + v, g = ch / G;
+                int run = 16;
+                while (run > 4 && (v + run > stride || (ch + run - 1) / G != g)) run /= 2;
+                const int32_t *wg = wp + (size_t)g * R * (CHUNK / 2);
+                if (run == 16) accum_short(codes + v, cb, cn, wg, b, j, 16, R, deq, acc + ch, d);
+                else if (run == 8) accum_short(codes + v, cb, cn, wg, b, j, 8, R, deq, acc + ch, d);
+                else accum_short(codes + v, cb, cn, wg, b, j, 4, R, deq, acc + ch, d);
+                v += run;
+            }
+        return;
+    }
     for (int u = 0; u < stride; u += 32)
         for (int j = 0; j < slots; j += 2) {
             const int NJ = slots - j >= 2 ? 2 : 1;
@@ -535,7 +602,7 @@ size_t vq_kivi_scratch_avx512(int ng) { return (size_t)ng * (3 * CHUNK + 4 * (CH
 static ALWAYS_INLINE VNNI void accum_group(const float *w, int ld, const int R, int d, int G, int bits,
                                           const uint8_t *blk, int block_tokens, int t0, int n, float *acc,
                                           float *scratch) {
-    const int ng = d / G;
+    const int ng = (d + G - 1) / G; /* the last group may be shorter */
     const size_t cb = (size_t)d * (size_t)bits / 8;
     const float half_cmax = 0.5f * (float)(bits == 3 ? 7 : (1 << bits) - 1);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
@@ -567,7 +634,11 @@ static ALWAYS_INLINE VNNI void accum_group(const float *w, int ld, const int R, 
         for (int g = 0; g < ng; g++) {
             const __m512 z = _mm512_set1_ps(_mm512_reduce_add_ps(zacc[r * ng + g]));
             float *o = acc + (size_t)r * d + g * G;
-            for (int c = 0; c < G; c += 16) _mm512_storeu_ps(o + c, _mm512_add_ps(_mm512_loadu_ps(o + c), z));
+            const int gw = d - g * G < G ? d - g * G : G; /* a multiple of 8 */
+            for (int c = 0; c < gw; c += 16) {
+                const __mmask16 k = gw - c >= 16 ? 0xFFFF : (__mmask16)((1u << (gw - c)) - 1);
+                _mm512_mask_storeu_ps(o + c, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, o + c), z));
+            }
         }
 }
 
@@ -578,8 +649,8 @@ VNNI bool vq_kivi_accum_avx512(const vq_mparams *p, const float *w, int ld, int 
                                int block_tokens, int t0, int n, float *acc, float *scratch) {
     const int d = p->head_dim, G = p->group, bits = p->bits;
     const size_t cb = (size_t)d * (size_t)bits / 8;
-    if (G % 32 != 0 || d % G != 0 || d / G > 16) return false;
-    if (bits == 3 ? d % 128 != 0 : (bits != 2 && bits != 4 && bits != 8) || cb % 32 != 0) return false;
+    if (G % 32 != 0 || (d + G - 1) / G > 16) return false;
+    if (bits == 3 ? d % 128 != 0 : (bits != 2 && bits != 4 && bits != 8) || cb % 4 != 0) return false;
     for (int r0 = 0; r0 < rows;) {
         const int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
         const float *wr = w + (size_t)r0 * ld;
