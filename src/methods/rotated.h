@@ -53,12 +53,14 @@ typedef struct {
  * Accum: acc[r][c] += sum_t w[r * ld + t] * norms[t] * level_t[c].
  * scratch: vq_codes_scratch(d, rows) floats (both). */
 /* Scratch floats of vq_codes_score and vq_codes_accum: q of 4 rows in the
- * AVX2 kernel's reading order (runs of 8 bytes of each plane: a 1-bit part
- * of 96 channels reads 2 runs of 8 channels for each of its 8 slots, so
- * the head dim is rounded up to 64), or the scalar path's per-part row
- * sums. */
+ * kernels' reading order (whole runs of each plane's slots: a 1-bit part
+ * of 96 channels reads 2 runs of 8 channels for each of its 8 slots in the
+ * AVX2 kernels, one of 16 in the AVX-512 ones; a 1-bit part of 48 channels
+ * takes 8 runs of 16 there, and tq-mse 3.5-bit at d = 64 a 3-bit part of
+ * 32 channels 4 runs of 16: 128 more than the head dim rounded up to 64
+ * covers every part), or the scalar path's per-part row sums. */
 static inline size_t vq_codes_scratch(int d, int rows) {
-    return 4 * ((size_t)d + 63) / 64 * 64 + 2 * (size_t)rows;
+    return 4 * (((size_t)d + 63) / 64 * 64 + 128) + 2 * (size_t)rows;
 }
 void vq_codes_score(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb, const uint16_t *norms,
                     int n, const float *q, int d, int rows, float *logits, int ld, float *scratch);

@@ -43,19 +43,28 @@
 /* Tokens whose norm-scaled weights are prepared at once (stack buffer). */
 #define TOKENS 64
 
-/* Whether every 16-channel run of each slot sits in 16 consecutive bytes:
- * planes of 16 bytes or a multiple; 3-bit parts also need their 1-bit
- * plane bytes for a run in one piece (n a multiple of 128) or n = 64, the
- * 3-bit half of tq-mse 2.5 and 3.5 bits at head dim 128, whose 8 bytes a
- * 1-bit plane serve both halves of the run (load_high). */
+/* Whether the kernels take a part: the channels of a slot in runs of 16
+ * bytes, the last of which may be shorter (2-bit codes at d = 96 have slots
+ * of 24 bytes, at d = 80 of 20; its other lanes get q' zero and are masked
+ * out of the value sums); 3-bit parts also need their 1-bit plane bytes
+ * for a run in one piece (n a multiple of 128), or n = 64 (the 3-bit half
+ * of tq-mse 2.5 and 3.5 bits at head dim 128, whose 8 bytes a 1-bit plane
+ * serve both halves of the run), or 1-bit planes of at most 16 bytes that
+ * one byte shuffle places (load_high). */
 static bool part_covered(const vq_code_part *p) {
     switch (p->bits) {
     case 1:
     case 2:
-    case 4: return p->n % 16 == 0 && (p->n * p->bits / 8) % 16 == 0;
-    case 3: return p->n == 64 || p->n % 128 == 0;
+    case 4: return p->n % 8 == 0;
+    case 3: return p->n % 8 == 0 && (p->n == 64 || p->n % 128 == 0 || p->n / 8 <= 16);
     default: return false;
     }
+}
+
+/* Floats of a part's q in reading order per row: whole runs of 16 a slot. */
+static int prep_floats(const vq_code_part *p) {
+    int slots = p->bits == 3 ? 4 : 8 / p->bits, sc = p->n / slots;
+    return slots * ((sc + 15) / 16 * 16);
 }
 
 /* Slots of a part (codes a plane byte holds; 3 bits: the 2-bit planes). */
@@ -88,7 +97,19 @@ static ALWAYS_INLINE __m512i load_bytes(const uint8_t *p) {
  * run's first half (i < s1) at bit 2 j, its second at 2 j + 1. With s1 = 8
  * (n = 64) the two halves of one run read the same 8 bytes, shifted by a
  * lane's own count. */
-static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0) {
+static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0, const bool X) {
+    if (X) {
+        /* lane i: byte (i0 + i) mod s1 by one shuffle of the plane's 16
+         * bytes (s1 <= 16; lanes past the slot pick any byte), shifted by 2
+         * in the run's first half and by 1 in its second */
+        const __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m128i v = _mm_add_epi8(lane, _mm_set1_epi8((char)i0));
+        __m128i second = _mm_cmpgt_epi8(v, _mm_set1_epi8((char)(s1 - 1)));
+        __m128i idx = _mm_sub_epi8(v, _mm_and_si128(second, _mm_set1_epi8((char)s1)));
+        __m512i x = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(c + s2)), idx));
+        __m512i sh = _mm512_sub_epi32(_mm512_set1_epi32(2), _mm512_cvtepu8_epi32(_mm_and_si128(second, _mm_set1_epi8(1))));
+        return _mm512_sllv_epi32(x, sh);
+    }
     if (s1 == 8) {
         uint64_t b;
         memcpy(&b, c + s2, sizeof b);
@@ -108,8 +129,8 @@ static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0)
  * is at bits 2 j .. 2 j + 2 of z (j even) or w (j odd): one shift a slot
  * after that, as for 2-bit codes, instead of two shifts and a merge (the
  * bits above a code pick a copy of the replicated table). */
-static ALWAYS_INLINE void load3(const uint8_t *c, int s2, int s1, int i0, __m512i *z, __m512i *w) {
-    __m512i lo = load_bytes(c + i0), h = load_high(c, s2, s1, i0);
+static ALWAYS_INLINE void load3(const uint8_t *c, int s2, int s1, int i0, const bool X, __m512i *z, __m512i *w) {
+    __m512i lo = load_bytes(c + i0), h = load_high(c, s2, s1, i0, X);
     /* bit by bit, with m = ~0xCC (one constant for both): z = m ? lo : h,
      * w = m ? h : lo (the bits of z above 7 are never read) */
     const __m512i m = _mm512_set1_epi32(~0xCC);
@@ -138,25 +159,31 @@ static ALWAYS_INLINE int slot_channels(const int B, int n) { return B == 3 ? n /
 
 /* Copies R rows of one part's q (q: the part's first channel of row 0,
  * rows d apart) into qs in score_part's reading order: 16 floats per (run
- * i0, slot j, row r), channels j * (slot channels) + i0 .. + 15. */
+ * i0, slot j, row r), channels j * (slot channels) + i0 .. + 15; a short
+ * last run's other lanes 0 (its codes' lanes read the next bytes). */
 static void prep_part(const vq_code_part *p, int R, const float *q, int d, float *qs) {
     int slots = p->bits == 3 ? 4 : 8 / p->bits, sc = p->n / slots;
-    for (int i0 = 0; i0 < sc; i0 += 16)
+    for (int i0 = 0; i0 < sc; i0 += 16) {
+        const __mmask16 k = sc - i0 >= 16 ? 0xFFFF : (__mmask16)((1u << (sc - i0)) - 1);
         for (int j = 0; j < slots; j++)
-            for (int r = 0; r < R; r++, qs += 16) memcpy(qs, q + (size_t)r * d + j * sc + i0, 16 * sizeof(float));
+            for (int r = 0; r < R; r++, qs += 16) {
+                if (k == 0xFFFF) memcpy(qs, q + (size_t)r * d + j * sc + i0, 16 * sizeof(float));
+                else _mm512_storeu_ps(qs, _mm512_maskz_loadu_ps(k, q + (size_t)r * d + j * sc + i0));
+            }
+    }
 }
 
 /* Adds q_r . levels of one B-bit part of n channels (its codes `off` bytes
  * into each of the 4 tokens c[t]) into a[4 t + k], k the chain set of (row
  * r, slot j): r + R (j mod 4 / R). qs: the part's q in reading order. */
-static ALWAYS_INLINE void score_part(const int B, const int R, int off, int n, const __m512 *tab, const float *qs,
+static ALWAYS_INLINE void score_part(const int B, const bool X, const int R, int off, int n, const __m512 *tab, const float *qs,
                                      const uint8_t *const *c, __m512 *a) {
     const int slots = slots_of(B), sets = 4 / R;
     int sc = slot_channels(B, n), s1 = n / 8;
     for (int i0 = 0; i0 < sc; i0 += 16) {
         __m512i lo[4], hi[4];
         for (int t = 0; t < 4; t++) {
-            if (B == 3) load3(c[t] + off, sc, s1, i0, &lo[t], &hi[t]);
+            if (B == 3) load3(c[t] + off, sc, s1, i0, X, &lo[t], &hi[t]);
             else lo[t] = hi[t] = load_bytes(c[t] + off + i0);
         }
         for (int j = 0; j < slots; j++) {
@@ -176,11 +203,11 @@ static ALWAYS_INLINE void score_part(const int B, const int R, int off, int n, c
  * out of vq_sum16x16 as 128-bit lanes k of 4 tokens each; a row's lanes are
  * added, scaled by the tokens' norms and stored. qs: both parts' q in
  * reading order, part 0 first. */
-static ALWAYS_INLINE void score_rows(const int B0, const int B1, const int R, const vq_code_part *parts,
+static ALWAYS_INLINE void score_rows(const int B0, const int B1, const bool X, const int R, const vq_code_part *parts,
                                      const __m512 *tabs, const uint8_t *codes, size_t cb, const uint16_t *norms, int n,
                                      const float *qs, float *logits, int ld) {
     int off0 = parts[0].off, n0 = parts[0].n, off1 = B1 ? parts[1].off : 0, n1 = B1 ? parts[1].n : 0;
-    const float *qs1 = qs + (size_t)R * n0;
+    const float *qs1 = qs + (size_t)R * prep_floats(&parts[0]);
     for (int j = 0; j < n; j += 4) {
         /* a short last step repeats its last token and stores fewer */
         int cnt = n - j < 4 ? n - j : 4;
@@ -189,8 +216,8 @@ static ALWAYS_INLINE void score_rows(const int B0, const int B1, const int R, co
         for (int t = 0; t < 4; t++) c[t] = codes + (size_t)(j + (t < cnt ? t : cnt - 1)) * cb;
         __m512 a[16];
         for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
-        score_part(B0, R, off0, n0, tabs, qs, c, a);
-        if (B1) score_part(B1, R, off1, n1, tabs + TABS, qs1, c, a);
+        score_part(B0, X, R, off0, n0, tabs, qs, c, a);
+        if (B1) score_part(B1, X, R, off1, n1, tabs + TABS, qs1, c, a);
         __m512 s = vq_sum16x16(a);
         if (R < 4) s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0x4E)); /* lanes k + 2 onto k */
         if (R < 2) s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0xB1)); /* lane 1 onto 0 */
@@ -207,17 +234,18 @@ static ALWAYS_INLINE void score_rows(const int B0, const int B1, const int R, co
 
 /* Every row, 4 at a time, then 2, then 1; the bits as constants, so each
  * combination of parts gets a function of its own (score_pick). */
-static ALWAYS_INLINE void score_all(const int B0, const int B1, const vq_code_part *parts, int nparts,
+static ALWAYS_INLINE void score_all(const int B0, const int B1, const bool X, const vq_code_part *parts, int nparts,
                                     const __m512 *tabs, const uint8_t *codes, size_t cb, const uint16_t *norms, int n,
                                     const float *q, int d, int rows, float *logits, int ld, float *qs) {
     for (int r = 0; r < rows;) {
         int R = rows - r >= 4 ? 4 : rows - r >= 2 ? 2 : 1;
         const float *qr = q + (size_t)r * d;
-        for (int k = 0, ch = 0; k < nparts; ch += parts[k].n, k++) prep_part(&parts[k], R, qr + ch, d, qs + R * ch);
+        for (int k = 0, ch = 0, pc = 0; k < nparts; ch += parts[k].n, pc += prep_floats(&parts[k]), k++)
+            prep_part(&parts[k], R, qr + ch, d, qs + R * pc);
         float *lr = logits + (size_t)r * ld;
-        if (R == 4) score_rows(B0, B1, 4, parts, tabs, codes, cb, norms, n, qs, lr, ld);
-        else if (R == 2) score_rows(B0, B1, 2, parts, tabs, codes, cb, norms, n, qs, lr, ld);
-        else score_rows(B0, B1, 1, parts, tabs, codes, cb, norms, n, qs, lr, ld);
+        if (R == 4) score_rows(B0, B1, X, 4, parts, tabs, codes, cb, norms, n, qs, lr, ld);
+        else if (R == 2) score_rows(B0, B1, X, 2, parts, tabs, codes, cb, norms, n, qs, lr, ld);
+        else score_rows(B0, B1, X, 1, parts, tabs, codes, cb, norms, n, qs, lr, ld);
         r += R;
     }
 }
@@ -229,48 +257,72 @@ typedef void score_fn(const vq_code_part *parts, int nparts, const __m512 *tabs,
 static NOINLINE void score_1(const vq_code_part *parts, int nparts, const __m512 *tabs, const uint8_t *codes,
                              size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits,
                              int ld, float *qs) {
-    score_all(1, 0, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
+    score_all(1, 0, false, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
 }
 static NOINLINE void score_2(const vq_code_part *parts, int nparts, const __m512 *tabs, const uint8_t *codes,
                              size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits,
                              int ld, float *qs) {
-    score_all(2, 0, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
+    score_all(2, 0, false, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
 }
 static NOINLINE void score_3(const vq_code_part *parts, int nparts, const __m512 *tabs, const uint8_t *codes,
                              size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits,
                              int ld, float *qs) {
-    score_all(3, 0, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
+    score_all(3, 0, false, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
 }
 static NOINLINE void score_4(const vq_code_part *parts, int nparts, const __m512 *tabs, const uint8_t *codes,
                              size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits,
                              int ld, float *qs) {
-    score_all(4, 0, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
+    score_all(4, 0, false, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
 }
 static NOINLINE void score_3_2(const vq_code_part *parts, int nparts, const __m512 *tabs, const uint8_t *codes,
                                size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows,
                                float *logits, int ld, float *qs) {
-    score_all(3, 2, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
+    score_all(3, 2, false, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
 }
 static NOINLINE void score_4_3(const vq_code_part *parts, int nparts, const __m512 *tabs, const uint8_t *codes,
                                size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows,
                                float *logits, int ld, float *qs) {
-    score_all(4, 3, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
+    score_all(4, 3, false, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
 }
+
+/* The instances whose 3-bit part places its high bits by a byte shuffle
+ * (load_high's X: 1-bit planes of other than 8 or a multiple of 16 bytes,
+ * d = 96: 12): their own functions, so that the others keep their code (a
+ * run-time test per load measured 3 % on tq-mse 3-bit at d = 128). */
+static NOINLINE void score_3x(const vq_code_part *parts, int nparts, const __m512 *tabs, const uint8_t *codes,
+                              size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows, float *logits,
+                              int ld, float *qs) {
+    score_all(3, 0, true, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
+}
+static NOINLINE void score_3x_2(const vq_code_part *parts, int nparts, const __m512 *tabs, const uint8_t *codes,
+                                size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows,
+                                float *logits, int ld, float *qs) {
+    score_all(3, 2, true, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
+}
+static NOINLINE void score_4_3x(const vq_code_part *parts, int nparts, const __m512 *tabs, const uint8_t *codes,
+                                size_t cb, const uint16_t *norms, int n, const float *q, int d, int rows,
+                                float *logits, int ld, float *qs) {
+    score_all(4, 3, true, parts, nparts, tabs, codes, cb, norms, n, q, d, rows, logits, ld, qs);
+}
+
+/* Whether a 3-bit part needs load_high's byte shuffle. */
+static bool shuffled_high(const vq_code_part *p) { return p->bits == 3 && p->n / 8 != 8 && (p->n / 8) % 16 != 0; }
 
 /* The function for these parts: single parts of 1..4 bits and the two
  * pairs of tq-mse's fractional rates (3 + 2 bits: 2.5; 4 + 3 bits: 3.5);
  * NULL for anything else. */
 static score_fn *score_pick(const vq_code_part *parts, int nparts) {
+    bool x = shuffled_high(&parts[0]) || (nparts > 1 && shuffled_high(&parts[1]));
     if (nparts == 1) {
         switch (parts[0].bits) {
         case 1: return score_1;
         case 2: return score_2;
-        case 3: return score_3;
+        case 3: return x ? score_3x : score_3;
         default: return score_4;
         }
     }
-    if (parts[0].bits == 3 && parts[1].bits == 2) return score_3_2;
-    if (parts[0].bits == 4 && parts[1].bits == 3) return score_4_3;
+    if (parts[0].bits == 3 && parts[1].bits == 2) return x ? score_3x_2 : score_3_2;
+    if (parts[0].bits == 4 && parts[1].bits == 3) return x ? score_4_3x : score_4_3;
     return NULL;
 }
 
@@ -301,7 +353,32 @@ bool vq_codes_score_avx512(const vq_code_part *parts, int nparts, const uint8_t 
  * R x G x H accumulators stay in registers over the n tokens. acc: the
  * part's first channel of row 0, rows d apart; wn rows TOKENS apart; sc:
  * channels a slot. */
-static ALWAYS_INLINE void accum_slice(const int B, const int R, const int G, const int H, const uint8_t *c,
+/* accum_slice's short last run of the slots (H = 1): its other lanes (the
+ * next slot's channels) are neither loaded nor stored. A function of its
+ * own, so the whole runs' loop keeps its code. */
+static NOINLINE void accum_tail(const int B, const bool X, const int R, const int G, const uint8_t *c, size_t cb,
+                                int sc, int s1, int i0, int j0, const __m512 *tab, const float *wn, int n, float *acc,
+                                int d) {
+    const __mmask16 k = (__mmask16)((1u << (sc - i0)) - 1);
+    __m512 a[16];
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++) a[r * G + g] = _mm512_maskz_loadu_ps(k, acc + (size_t)r * d + (j0 + g) * sc + i0);
+    for (int t = 0; t < n; t++) {
+        const uint8_t *ct = c + (size_t)t * cb;
+        __m512i lo, hi;
+        if (B == 3) load3(ct, sc, s1, i0, X, &lo, &hi);
+        else lo = hi = load_bytes(ct + i0);
+        for (int r = 0; r < R; r++) {
+            __m512 w = _mm512_set1_ps(wn[r * TOKENS + t]);
+            for (int g = 0; g < G; g++)
+                a[r * G + g] = _mm512_fmadd_ps(w, slot_levels(B, lo, hi, j0 + g, tab), a[r * G + g]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++) _mm512_mask_storeu_ps(acc + (size_t)r * d + (j0 + g) * sc + i0, k, a[r * G + g]);
+}
+
+static ALWAYS_INLINE void accum_slice(const int B, const bool X, const int R, const int G, const int H, const uint8_t *c,
                                       size_t cb, int sc, int s1, int i0, int j0, const __m512 *tab, const float *wn,
                                       int n, float *acc, int d) {
     __m512 a[16];
@@ -314,7 +391,7 @@ static ALWAYS_INLINE void accum_slice(const int B, const int R, const int G, con
         __m512 lev[8];
         for (int h = 0; h < H; h++) {
             __m512i lo, hi;
-            if (B == 3) load3(ct, sc, s1, i0 + 16 * h, &lo, &hi);
+            if (B == 3) load3(ct, sc, s1, i0 + 16 * h, X, &lo, &hi);
             else lo = hi = load_bytes(ct + i0 + 16 * h);
             for (int g = 0; g < G; g++) lev[h * G + g] = slot_levels(B, lo, hi, j0 + g, tab);
         }
@@ -335,22 +412,24 @@ static ALWAYS_INLINE void accum_slice(const int B, const int R, const int G, con
  * leaves room (and the G level vectors of two runs fit lev), two
  * 16-channel runs a pass (4-bit codes at 4 rows: 16 accumulators instead
  * of 8, so each broadcast weight feeds 4 FMAs). */
-static ALWAYS_INLINE void accum_part(const int B, const int R, const vq_code_part *p, const __m512 *tab,
+static ALWAYS_INLINE void accum_part(const int B, const bool X, const int R, const vq_code_part *p, const __m512 *tab,
                                      const float *wn, const uint8_t *codes, size_t cb, int n, float *acc, int d) {
     const int slots = slots_of(B), G = 16 / R < slots ? 16 / R : slots, H2 = 2 * R * G <= 16 && G <= 4;
     const uint8_t *c = codes + p->off;
     int sc = slot_channels(B, p->n), s1 = p->n / 8, i0 = 0;
     if (H2)
         for (; i0 + 32 <= sc; i0 += 32)
-            for (int j0 = 0; j0 < slots; j0 += G) accum_slice(B, R, G, 2, c, cb, sc, s1, i0, j0, tab, wn, n, acc, d);
-    for (; i0 < sc; i0 += 16)
-        for (int j0 = 0; j0 < slots; j0 += G) accum_slice(B, R, G, 1, c, cb, sc, s1, i0, j0, tab, wn, n, acc, d);
+            for (int j0 = 0; j0 < slots; j0 += G) accum_slice(B, X, R, G, 2, c, cb, sc, s1, i0, j0, tab, wn, n, acc, d);
+    for (; i0 + 16 <= sc; i0 += 16)
+        for (int j0 = 0; j0 < slots; j0 += G) accum_slice(B, X, R, G, 1, c, cb, sc, s1, i0, j0, tab, wn, n, acc, d);
+    if (i0 < sc) /* a short last run */
+        for (int j0 = 0; j0 < slots; j0 += G) accum_tail(B, X, R, G, c, cb, sc, s1, i0, j0, tab, wn, n, acc, d);
 }
 
 /* One part's values for every row, rows 4 at a time, then 2, then 1, a
  * chunk of TOKENS tokens at a time: wn = w * norm for the chunk's tokens,
  * 16 at a time (masked at the end). */
-static ALWAYS_INLINE void accum_all(const int B, const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
+static ALWAYS_INLINE void accum_all(const int B, const bool X, const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
                                     const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc,
                                     int d) {
     float wn[4 * TOKENS];
@@ -368,9 +447,9 @@ static ALWAYS_INLINE void accum_all(const int B, const vq_code_part *p, const __
             }
             const uint8_t *ct = codes + (size_t)t0 * cb;
             float *ar = acc + (size_t)r * d;
-            if (R == 4) accum_part(B, 4, p, tab, wn, ct, cb, m, ar, d);
-            else if (R == 2) accum_part(B, 2, p, tab, wn, ct, cb, m, ar, d);
-            else accum_part(B, 1, p, tab, wn, ct, cb, m, ar, d);
+            if (R == 4) accum_part(B, X, 4, p, tab, wn, ct, cb, m, ar, d);
+            else if (R == 2) accum_part(B, X, 2, p, tab, wn, ct, cb, m, ar, d);
+            else accum_part(B, X, 1, p, tab, wn, ct, cb, m, ar, d);
         }
         r += R;
     }
@@ -378,19 +457,23 @@ static ALWAYS_INLINE void accum_all(const int B, const vq_code_part *p, const __
 
 static NOINLINE void accum_1(const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
                              const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
-    accum_all(1, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
+    accum_all(1, false, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
 }
 static NOINLINE void accum_2(const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
                              const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
-    accum_all(2, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
+    accum_all(2, false, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
 }
 static NOINLINE void accum_3(const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
                              const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
-    accum_all(3, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
+    accum_all(3, false, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
+}
+static NOINLINE void accum_3x(const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
+                              const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
+    accum_all(3, true, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
 }
 static NOINLINE void accum_4(const vq_code_part *p, const __m512 *tab, const uint8_t *codes, size_t cb,
                              const uint16_t *norms, int n, const float *w, int ld, int rows, float *acc, int d) {
-    accum_all(4, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
+    accum_all(4, false, p, tab, codes, cb, norms, n, w, ld, rows, acc, d);
 }
 
 bool vq_codes_accum_avx512(const vq_code_part *parts, int nparts, const uint8_t *codes, size_t cb,
@@ -403,7 +486,10 @@ bool vq_codes_accum_avx512(const vq_code_part *parts, int nparts, const uint8_t 
         switch (p->bits) {
         case 1: accum_1(p, tab, codes, cb, norms, n, w, ld, rows, acc + ch, d); break;
         case 2: accum_2(p, tab, codes, cb, norms, n, w, ld, rows, acc + ch, d); break;
-        case 3: accum_3(p, tab, codes, cb, norms, n, w, ld, rows, acc + ch, d); break;
+        case 3:
+            if (shuffled_high(p)) accum_3x(p, tab, codes, cb, norms, n, w, ld, rows, acc + ch, d);
+            else accum_3(p, tab, codes, cb, norms, n, w, ld, rows, acc + ch, d);
+            break;
         default: accum_4(p, tab, codes, cb, norms, n, w, ld, rows, acc + ch, d); break;
         }
     }
