@@ -547,10 +547,20 @@ static void chunk_meta(const uint16_t *m, int ng, int cn, float *sz) {
     case 4: transpose_meta(m, 8, cn, sz); return;
     case 8: transpose_meta(m, 16, cn, sz); return;
     }
+    /* other group counts (d = 96 or 80 with groups of 32: 3): each token's
+     * (scale, zero) pair of group g is one 32-bit word, gathered for 16
+     * tokens at a time and split into the halves (tokens past cn read 0) */
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int g = 0; g < ng; g++)
-        for (int t = 0; t < CHUNK; t++) {
-            sz[g * CHUNK + t] = t < cn ? _cvtsh_ss(m[(t * ng + g) * 2]) : 0.0f;
-            sz[(ng + g) * CHUNK + t] = t < cn ? _cvtsh_ss(m[(t * ng + g) * 2 + 1]) : 0.0f;
+        for (int h = 0; h < CHUNK; h += 16) {
+            int left = cn - h;
+            __mmask16 k = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(iota, _mm512_set1_epi32(h)),
+                                                              _mm512_set1_epi32(ng)),
+                                           _mm512_set1_epi32(g));
+            __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, m, 4);
+            _mm512_storeu_ps(sz + g * CHUNK + h, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w)));
+            _mm512_storeu_ps(sz + (ng + g) * CHUNK + h, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16))));
         }
 }
 
