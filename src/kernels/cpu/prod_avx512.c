@@ -1,6 +1,8 @@
 /* AVX-512 attention kernels of tq-prod (methods/turboquant_prod.c) for 1-,
  * 2- and 3-bit codes (tq-prod bits=2..4) and a sign sketch of m = d signs a
- * token, d a multiple of 128. Built with the AVX-512 flags and only called
+ * token, d a multiple of 16 of at most 128 or a multiple of 128 (a slot's
+ * short last run of codes masked; 3-bit codes whose 1-bit planes are not
+ * a multiple of 16 bytes place their high bits with a byte shuffle). Built with the AVX-512 flags and only called
  * at the avx512 CPU level.
  *
  * Codes: 16 channels a lane vector. The code bytes of 16 channels of one
@@ -81,7 +83,19 @@ static ALWAYS_INLINE __m512i slot_index(const int B, __m512i lo, __m512i hi, con
  * slot (s2 = d / 4 of them, s1 = d / 8 bytes a 1-bit slot): channel
  * s s2 + i0 + i has its high bit in byte (i0 + i) % s1 at bit 2 s + i0 /
  * s1; shifted so it is at 2 s. */
-static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0) {
+static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0, const bool X) {
+    if (X) {
+        /* 1-bit planes of other than a multiple of 16 bytes (d = 96: 12):
+         * lane i takes byte (i0 + i) mod s1 by one shuffle of the plane's
+         * 16 bytes (s1 <= 16; lanes past the slot pick any byte), shifted
+         * by 1 in the slot's second half */
+        const __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m128i v = _mm_add_epi8(lane, _mm_set1_epi8((char)i0));
+        __m128i second = _mm_cmpgt_epi8(v, _mm_set1_epi8((char)(s1 - 1)));
+        __m128i idx = _mm_sub_epi8(v, _mm_and_si128(second, _mm_set1_epi8((char)s1)));
+        __m512i x = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(c + s2)), idx));
+        return _mm512_srlv_epi32(x, _mm512_cvtepu8_epi32(_mm_and_si128(second, _mm_set1_epi8(1))));
+    }
     if (i0 < s1) return load_bytes(c + s2 + i0);
     return _mm512_srli_epi32(load_bytes(c + s2 + i0 - s1), 1); /* i0 < s2 = 2 s1: no division */
 }
@@ -89,13 +103,13 @@ static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0)
 /* One 16-channel step of a token's codes, i0 bytes into each slot: B = 2,
  * 3: the 2-bit plane bytes (lo) and the 1-bit plane bytes (hi, B = 3) as
  * lanes; B = 1: the 16 bytes as they are (x). */
-static ALWAYS_INLINE void load_step(const int B, const uint8_t *c, int d, int i0, __m512i *lo, __m512i *hi,
-                                    __m128i *x) {
+static ALWAYS_INLINE void load_step(const int B, const bool X, const uint8_t *c, int d, int i0, __m512i *lo,
+                                    __m512i *hi, __m128i *x) {
     *lo = *hi = _mm512_setzero_si512();
     *x = _mm_setzero_si128();
     if (B == 1) *x = _mm_loadu_si128((const __m128i *)(c + i0));
     else *lo = load_bytes(c + i0);
-    if (B == 3) *hi = load_high(c, d / 4, d / 8, i0);
+    if (B == 3) *hi = load_high(c, d / 4, d / 8, i0, X);
 }
 
 /* Levels of slot s of a step (load_step). 1-bit codes: bit s of each byte
@@ -113,7 +127,7 @@ static ALWAYS_INLINE __m512 slot_levels(const int B, __m512i lo, __m512i hi, __m
  * the signs' one after the other. qs: the rows' rotated q in reading order
  * (16 floats per (i0, slot, row)); v2: 2 S R q per row (d floats, rows d
  * apart); vsum: sum_i (S R q)_i per row. */
-static ALWAYS_INLINE void score_rows(const int B, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
+static ALWAYS_INLINE void score_rows(const int B, const bool X, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
                                      __m512 tab, const float *len, const float *gain, int n, const float *qs,
                                      const float *v2, const float *vsum, float *logits, int ld) {
     /* bytes of a slot's plane and slots a byte (3-bit codes: of the 2-bit planes) */
@@ -136,7 +150,7 @@ static ALWAYS_INLINE void score_rows(const int B, const int R, const uint8_t *co
         for (int i0 = 0; i0 < st; i0 += 16) {
             __m512i lo[4], hi[4];
             __m128i x[4];
-            for (int t = 0; t < 4; t++) load_step(B, c[t], d, i0, &lo[t], &hi[t], &x[t]);
+            for (int t = 0; t < 4; t++) load_step(B, X, c[t], d, i0, &lo[t], &hi[t], &x[t]);
             for (int s = 0; s < ns; s++) {
                 __m512 lev[4];
                 for (int t = 0; t < 4; t++) lev[t] = slot_levels(B, lo[t], hi[t], x[t], s, tab, t0, t1);
@@ -167,24 +181,29 @@ static ALWAYS_INLINE void score_rows(const int B, const int R, const uint8_t *co
     }
 }
 
-/* Copies R rows of rotated q (d apart) into qs in score_rows' reading order. */
+/* Copies R rows of rotated q (d apart) into qs in score_rows' reading order;
+ * a slot's short last run (d = 96: 8 of 16 channels) has 0 in its other
+ * lanes (its codes' lanes read the next bytes). */
 static void prep_q(const float *q, int d, int bits, const int R, float *qs) {
     int st = bits == 1 ? d / 8 : d / 4, ns = bits == 1 ? 8 : 4;
-    for (int i0 = 0; i0 < st; i0 += 16)
+    for (int i0 = 0; i0 < st; i0 += 16) {
+        const __mmask16 k = st - i0 >= 16 ? 0xFFFF : (__mmask16)((1u << (st - i0)) - 1);
         for (int s = 0; s < ns; s++)
-            for (int r = 0; r < R; r++, qs += 16) memcpy(qs, q + (size_t)r * d + s * st + i0, 16 * sizeof(float));
+            for (int r = 0; r < R; r++, qs += 16)
+                _mm512_storeu_ps(qs, _mm512_maskz_loadu_ps(k, q + (size_t)r * d + s * st + i0));
+    }
 }
 
 /* score_rows with the row count a constant in each instance (R = rows,
  * 1..4); B is a constant at each call site. */
-static ALWAYS_INLINE void score_rows_r(const int B, int R, const uint8_t *codes, size_t cb, size_t soff, int d,
+static ALWAYS_INLINE void score_rows_r(const int B, const bool X, int R, const uint8_t *codes, size_t cb, size_t soff, int d,
                                        __m512 tab, const float *len, const float *gain, int n, const float *qs,
                                        const float *v2, const float *vsum, float *logits, int ld) {
     switch (R) {
-    case 4: score_rows(B, 4, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    case 3: score_rows(B, 3, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    case 2: score_rows(B, 2, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
-    default: score_rows(B, 1, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 4: score_rows(B, X, 4, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 3: score_rows(B, X, 3, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    case 2: score_rows(B, X, 2, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
+    default: score_rows(B, X, 1, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld); break;
     }
 }
 
@@ -193,17 +212,25 @@ static ALWAYS_INLINE void score_rows_r(const int B, int R, const uint8_t *codes,
 static NOINLINE void score_b1(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *len,
                               const float *gain, int n, const float *qs, const float *v2, const float *vsum,
                               float *logits, int ld) {
-    score_rows_r(1, R, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld);
+    score_rows_r(1, false, R, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld);
 }
 static NOINLINE void score_b2(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *len,
                               const float *gain, int n, const float *qs, const float *v2, const float *vsum,
                               float *logits, int ld) {
-    score_rows_r(2, R, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld);
+    score_rows_r(2, false, R, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld);
 }
 static NOINLINE void score_b3(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *len,
                               const float *gain, int n, const float *qs, const float *v2, const float *vsum,
                               float *logits, int ld) {
-    score_rows_r(3, R, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld);
+    score_rows_r(3, false, R, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld);
+}
+
+/* 3-bit codes whose 1-bit planes are not a multiple of 16 bytes (load_high's
+ * X): an instance of their own, so the others keep their code. */
+static NOINLINE void score_b3x(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab,
+                               const float *len, const float *gain, int n, const float *qs, const float *v2,
+                               const float *vsum, float *logits, int ld) {
+    score_rows_r(3, true, R, codes, cb, soff, d, tab, len, gain, n, qs, v2, vsum, logits, ld);
 }
 
 /* logits[r * ld + t] = len[t] * <rq_r, levels of token t's codes> +
@@ -222,6 +249,7 @@ void vq_prod_score_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits
         float *lr = logits + (size_t)r * ld;
         if (bits == 1) score_b1(R, codes, cb, soff, d, tab, len, gain, n, scratch, vr, vsum + r, lr, ld);
         else if (bits == 2) score_b2(R, codes, cb, soff, d, tab, len, gain, n, scratch, vr, vsum + r, lr, ld);
+        else if ((d / 8) % 16 != 0) score_b3x(R, codes, cb, soff, d, tab, len, gain, n, scratch, vr, vsum + r, lr, ld);
         else score_b3(R, codes, cb, soff, d, tab, len, gain, n, scratch, vr, vsum + r, lr, ld);
     }
 }
@@ -230,7 +258,7 @@ void vq_prod_score_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits
  * slots s0, s0 + 1 into acc (rows as apart) and sketch channels 16 g0 ..
  * 16 g0 + 31 into acc + d. wn, wg: the weights times norm and gain per row
  * (TOKENS apart), wsum[r] = sum_t wg[r][t]. */
-static ALWAYS_INLINE void accum_slice(const int B, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
+static ALWAYS_INLINE void accum_slice(const int B, const bool X, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
                                       __m512 tab, const float *wn, const float *wg, const float *wsum, int n,
                                       float *acc, size_t as, int i0, const int s0, int g0) {
     const int st = B == 1 ? d / 8 : d / 4; /* bytes of a slot's plane */
@@ -246,7 +274,7 @@ static ALWAYS_INLINE void accum_slice(const int B, const int R, const uint8_t *c
         const uint8_t *c = codes + (size_t)t * cb;
         __m512i lo, hi;
         __m128i x;
-        load_step(B, c, d, i0, &lo, &hi, &x);
+        load_step(B, X, c, d, i0, &lo, &hi, &x);
         __m512 lev[2] = {slot_levels(B, lo, hi, x, s0, tab, t0, t1), slot_levels(B, lo, hi, x, s0 + 1, tab, t0, t1)};
         __mmask16 k[2] = {sign_mask(c + soff, g0), sign_mask(c + soff, g0 + 1)};
         for (int r = 0; r < R; r++) {
@@ -267,48 +295,101 @@ static ALWAYS_INLINE void accum_slice(const int B, const int R, const uint8_t *c
         }
 }
 
-static ALWAYS_INLINE void accum_rows(const int B, const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
-                                     __m512 tab, const float *wn, const float *wg, const float *wsum, int n,
-                                     float *acc, size_t as) {
-    /* two slots and two runs of 16 signs a slice: d / 32 slices */
+/* The code channels s st + i0 .. st - 1 of slots s0, s0 + 1 (a slot's short
+ * last run: fewer than 16) for R rows, under a mask; no signs. */
+static ALWAYS_INLINE void accum_code_tail(const int B, const bool X, const int R, const uint8_t *codes, size_t cb,
+                                          int d, __m512 tab, const float *wn, int n, float *acc, size_t as, int i0,
+                                          const int s0) {
     const int st = B == 1 ? d / 8 : d / 4;
-    int g = 0;
-    for (int i0 = 0; i0 < st; i0 += 16) {
-        accum_slice(B, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 0, g);
-        accum_slice(B, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 2, g + 2);
+    const __mmask16 m = (__mmask16)((1u << (st - i0)) - 1);
+    const __m512 t0 = _mm512_permutexvar_ps(_mm512_set1_epi32(0), tab);
+    const __m512 t1 = _mm512_permutexvar_ps(_mm512_set1_epi32(1), tab);
+    __m512 a[8];
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < 2; k++) a[2 * r + k] = _mm512_maskz_loadu_ps(m, acc + (size_t)r * as + (s0 + k) * st + i0);
+    for (int t = 0; t < n; t++) {
+        __m512i lo, hi;
+        __m128i x;
+        load_step(B, X, codes + (size_t)t * cb, d, i0, &lo, &hi, &x);
+        __m512 lev[2] = {slot_levels(B, lo, hi, x, s0, tab, t0, t1), slot_levels(B, lo, hi, x, s0 + 1, tab, t0, t1)};
+        for (int r = 0; r < R; r++) {
+            __m512 w = _mm512_set1_ps(wn[r * TOKENS + t]);
+            for (int k = 0; k < 2; k++) a[2 * r + k] = _mm512_fmadd_ps(w, lev[k], a[2 * r + k]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < 2; k++) _mm512_mask_storeu_ps(acc + (size_t)r * as + (s0 + k) * st + i0, m, a[2 * r + k]);
+}
+
+/* Sketch channels 16 g .. 16 g + 15 for R rows; no codes. */
+static ALWAYS_INLINE void accum_sign_run(const int R, const uint8_t *codes, size_t cb, size_t soff, int d,
+                                         const float *wg, const float *wsum, int n, float *acc, size_t as, int g) {
+    __m512 z[4];
+    for (int r = 0; r < R; r++) z[r] = _mm512_setzero_ps();
+    for (int t = 0; t < n; t++) {
+        __mmask16 k = sign_mask(codes + (size_t)t * cb + soff, g);
+        for (int r = 0; r < R; r++) z[r] = _mm512_mask_add_ps(z[r], k, z[r], _mm512_set1_ps(wg[r * TOKENS + t]));
+    }
+    for (int r = 0; r < R; r++) {
+        float *zp = acc + (size_t)r * as + d + 16 * g;
+        __m512 base = _mm512_sub_ps(_mm512_loadu_ps(zp), _mm512_set1_ps(wsum[r]));
+        _mm512_storeu_ps(zp, _mm512_fmadd_ps(z[r], _mm512_set1_ps(2.0f), base));
+    }
+}
+
+static ALWAYS_INLINE void accum_rows(const int B, const bool X, const int R, const uint8_t *codes, size_t cb,
+                                     size_t soff, int d, __m512 tab, const float *wn, const float *wg,
+                                     const float *wsum, int n, float *acc, size_t as) {
+    /* two slots and two runs of 16 signs a slice: d / 32 slices. A slot
+     * shorter than a whole number of runs (d = 96: 3-bit slots of 24
+     * channels, 1-bit of 12) ends in code-only slices under a mask, and the
+     * sketch runs not yet taken follow alone. */
+    const int st = B == 1 ? d / 8 : d / 4, ns = B == 1 ? 8 : 4;
+    int g = 0, i0 = 0;
+    for (; i0 + 16 <= st; i0 += 16) {
+        accum_slice(B, X, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 0, g);
+        accum_slice(B, X, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 2, g + 2);
         g += 4;
         if (B == 1) {
-            accum_slice(B, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 4, g);
-            accum_slice(B, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 6, g + 2);
+            accum_slice(B, X, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 4, g);
+            accum_slice(B, X, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as, i0, 6, g + 2);
             g += 4;
         }
     }
+    if (i0 < st)
+        for (int s0 = 0; s0 < ns; s0 += 2) accum_code_tail(B, X, R, codes, cb, d, tab, wn, n, acc, as, i0, s0);
+    for (; g < d / 16; g++) accum_sign_run(R, codes, cb, soff, d, wg, wsum, n, acc, as, g);
 }
 
 /* accum_rows with the row count a constant in each instance (as
  * score_rows_r). */
-static ALWAYS_INLINE void accum_rows_r(const int B, int R, const uint8_t *codes, size_t cb, size_t soff, int d,
+static ALWAYS_INLINE void accum_rows_r(const int B, const bool X, int R, const uint8_t *codes, size_t cb, size_t soff, int d,
                                        __m512 tab, const float *wn, const float *wg, const float *wsum, int n, float *acc,
                                        size_t as) {
     switch (R) {
-    case 4: accum_rows(B, 4, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    case 3: accum_rows(B, 3, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    case 2: accum_rows(B, 2, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
-    default: accum_rows(B, 1, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 4: accum_rows(B, X, 4, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 3: accum_rows(B, X, 3, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    case 2: accum_rows(B, X, 2, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
+    default: accum_rows(B, X, 1, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as); break;
     }
 }
 
 static NOINLINE void accum_b1(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *wn,
                               const float *wg, const float *wsum, int n, float *acc, size_t as) {
-    accum_rows_r(1, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as);
+    accum_rows_r(1, false, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as);
 }
 static NOINLINE void accum_b2(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *wn,
                               const float *wg, const float *wsum, int n, float *acc, size_t as) {
-    accum_rows_r(2, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as);
+    accum_rows_r(2, false, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as);
 }
 static NOINLINE void accum_b3(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab, const float *wn,
                               const float *wg, const float *wsum, int n, float *acc, size_t as) {
-    accum_rows_r(3, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as);
+    accum_rows_r(3, false, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as);
+}
+
+static NOINLINE void accum_b3x(int R, const uint8_t *codes, size_t cb, size_t soff, int d, __m512 tab,
+                               const float *wn, const float *wg, const float *wsum, int n, float *acc, size_t as) {
+    accum_rows_r(3, true, R, codes, cb, soff, d, tab, wn, wg, wsum, n, acc, as);
 }
 
 /* acc[r * 2 d + c] += sum_t w[r * ld + t] len[t] level_t[c] and
@@ -336,6 +417,7 @@ void vq_prod_accum_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits
         float *ar = acc + (size_t)r0 * 2 * d;
         if (bits == 1) accum_b1(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
         else if (bits == 2) accum_b2(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
+        else if ((d / 8) % 16 != 0) accum_b3x(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
         else accum_b3(R, codes, cb, soff, d, tab, wn, wg, wsum, n, ar, 2 * (size_t)d);
     }
 }
