@@ -595,6 +595,17 @@ static ALWAYS_INLINE __m128i load_run(const uint8_t *p, const int run) {
     return _mm_cvtsi32_si128(x);
 }
 
+/* o[0 .. run - 1] += the int sums a (lanes in channel order) times f, for a
+ * run of 8 or 4 channels (accum_slot8, accum_slot8_b3). */
+static ALWAYS_INLINE void add_run(float *o, __v8si a, float f, const int run) {
+    __m256 y = _mm256_cvtepi32_ps((__m256i)a), fv = _mm256_set1_ps(f);
+    if (run == 8) {
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(y, fv, _mm256_loadu_ps(o)));
+        return;
+    }
+    _mm_storeu_ps(o, _mm_fmadd_ps(_mm256_castps256_ps128(y), _mm256_castps256_ps128(fv), _mm_loadu_ps(o)));
+}
+
 static ALWAYS_INLINE void accum_slot8(const uint8_t *codes, size_t cb, int cn, const int32_t *wg, const int bits,
                                       const int j, const int run, const float *deq, const int R, float *acc, int d) {
     __v8si a[4];
@@ -612,17 +623,7 @@ static ALWAYS_INLINE void accum_slot8(const uint8_t *codes, size_t cb, int cn, c
         __m256i x = take_slot(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xa)), bits, j);
         for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wt[r * (CHUNK / 2)]));
     }
-    for (int r = 0; r < R; r++) {
-        float *o = acc + (size_t)r * d;
-        __m256 f = _mm256_set1_ps(deq[r] * slot_scale(bits, j));
-        __m256 y = _mm256_cvtepi32_ps((__m256i)a[r]);
-        if (run == 8) {
-            _mm256_storeu_ps(o, _mm256_fmadd_ps(y, f, _mm256_loadu_ps(o)));
-        } else {
-            __m128 y4 = _mm256_castps256_ps128(y), f4 = _mm256_castps256_ps128(f);
-            _mm_storeu_ps(o, _mm_fmadd_ps(y4, f4, _mm_loadu_ps(o)));
-        }
-    }
+    for (int r = 0; r < R; r++) add_run(acc + (size_t)r * d, a[r], deq[r] * slot_scale(bits, j), run);
 }
 
 /* The madds of one token pair (codes lo, hi; pair i of each slot's
@@ -735,17 +736,7 @@ static ALWAYS_INLINE void accum_slot8_b3(const uint8_t *c2, const uint8_t *c1, i
         __m256i x = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(xa, xa));
         for (int r = 0; r < R; r++) a[r] = madd_acc(a[r], x, _mm256_set1_epi32(wg[r * (CHUNK / 2)]));
     }
-    for (int r = 0; r < R; r++) {
-        float *o = acc + (size_t)r * d;
-        __m256 f = _mm256_set1_ps(deq[r] / (float)(1 << (j < 3 ? 2 * j : 4)));
-        __m256 y = _mm256_cvtepi32_ps((__m256i)a[r]);
-        if (run == 8) {
-            _mm256_storeu_ps(o, _mm256_fmadd_ps(y, f, _mm256_loadu_ps(o)));
-        } else {
-            __m128 y4 = _mm256_castps256_ps128(y), f4 = _mm256_castps256_ps128(f);
-            _mm_storeu_ps(o, _mm_fmadd_ps(y4, f4, _mm_loadu_ps(o)));
-        }
-    }
+    for (int r = 0; r < R; r++) add_run(acc + (size_t)r * d, a[r], deq[r] / (float)(1 << (j < 3 ? 2 * j : 4)), run);
 }
 
 /* Every channel of 3-bit codes of an across shape (b3_across_v) for one

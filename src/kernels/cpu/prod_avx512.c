@@ -30,6 +30,7 @@
  * Values: 32 code channels and 32 sketch channels of R rows stay in
  * registers over the tokens of a call (4 R accumulators), a pass for each
  * such slice. */
+#include "high_bytes.h"
 #include "reduce_avx512.h"
 #include "vq_internal.h"
 
@@ -86,15 +87,11 @@ static ALWAYS_INLINE __m512i slot_index(const int B, __m512i lo, __m512i hi, con
 static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0, const bool X) {
     if (X) {
         /* 1-bit planes of other than a multiple of 16 bytes (d = 96: 12):
-         * lane i takes byte (i0 + i) mod s1 by one shuffle of the plane's
-         * 16 bytes (s1 <= 16; lanes past the slot pick any byte), shifted
-         * by 1 in the slot's second half */
-        const __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        __m128i v = _mm_add_epi8(lane, _mm_set1_epi8((char)i0));
-        __m128i second = _mm_cmpgt_epi8(v, _mm_set1_epi8((char)(s1 - 1)));
-        __m128i idx = _mm_sub_epi8(v, _mm_and_si128(second, _mm_set1_epi8((char)s1)));
-        __m512i x = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(c + s2)), idx));
-        return _mm512_srlv_epi32(x, _mm512_cvtepu8_epi32(_mm_and_si128(second, _mm_set1_epi8(1))));
+         * the shuffled bytes (high_bytes.h), shifted by 1 in the slot's
+         * second half */
+        __m128i second;
+        __m512i x = _mm512_cvtepu8_epi32(vq_high_bytes16(c + s2, i0, s1, &second));
+        return _mm512_srlv_epi32(x, _mm512_cvtepu8_epi32(second));
     }
     if (i0 < s1) return load_bytes(c + s2 + i0);
     return _mm512_srli_epi32(load_bytes(c + s2 + i0 - s1), 1); /* i0 < s2 = 2 s1: no division */

@@ -31,6 +31,7 @@
  * outer (accumulators for up to 4 rows x 16 channels stay in registers over
  * a run of tokens), tokens inner. A single 1-bit part takes two tokens per
  * lookup instead (accum_b1). */
+#include "high_bytes.h"
 #include "methods/rotated.h"
 
 #include <immintrin.h>
@@ -252,13 +253,9 @@ static ALWAYS_INLINE __m256 part_levels(__m256i x, const int B, const int F, int
  * allocate their registers worse (tq-prod 4-bit keys at d = 128: 33 -> 37
  * ns per token and kv head in cache). */
 static ALWAYS_INLINE __m256i load_high(const uint8_t *c1, int u, int s1) {
-    const __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m128i v = _mm_add_epi8(lane, _mm_set1_epi8((char)u));                   /* u + i < 2 s1 <= 32 */
-    __m128i second = _mm_cmpgt_epi8(v, _mm_set1_epi8((char)(s1 - 1)));         /* u + i >= s1 */
-    __m128i idx = _mm_sub_epi8(v, _mm_and_si128(second, _mm_set1_epi8((char)s1)));
-    __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)c1), idx);
-    __m256i h = _mm256_cvtepu8_epi32(b);
-    return _mm256_srlv_epi32(h, _mm256_cvtepu8_epi32(_mm_and_si128(second, _mm_set1_epi8(1))));
+    __m128i second;
+    __m256i h = _mm256_cvtepu8_epi32(vq_high_bytes16(c1, u, s1, &second));
+    return _mm256_srlv_epi32(h, _mm256_cvtepu8_epi32(second));
 }
 
 /* Levels of 3-bit codes: slot j of the 2-bit plane bytes x, high bit hb of

@@ -26,6 +26,7 @@
  * of one or two 16-channel runs x slots x R rows, up to 16 accumulators,
  * stays in registers over the tokens of a call (the codes of the call sit
  * in L1 and are read once per slice). */
+#include "high_bytes.h"
 #include "methods/rotated.h"
 #include "reduce_avx512.h"
 
@@ -100,16 +101,11 @@ static ALWAYS_INLINE __m512i load_bytes(const uint8_t *p) {
  * lane's own count. */
 static ALWAYS_INLINE __m512i load_high(const uint8_t *c, int s2, int s1, int i0, const bool X) {
     if (X) {
-        /* lane i: byte (i0 + i) mod s1 by one shuffle of the plane's 16
-         * bytes (s1 <= 16; lanes past the slot pick any byte), shifted by 2
-         * in the run's first half and by 1 in its second */
-        const __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        __m128i v = _mm_add_epi8(lane, _mm_set1_epi8((char)i0));
-        __m128i second = _mm_cmpgt_epi8(v, _mm_set1_epi8((char)(s1 - 1)));
-        __m128i idx = _mm_sub_epi8(v, _mm_and_si128(second, _mm_set1_epi8((char)s1)));
-        __m512i x = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(c + s2)), idx));
-        __m512i sh = _mm512_sub_epi32(_mm512_set1_epi32(2), _mm512_cvtepu8_epi32(_mm_and_si128(second, _mm_set1_epi8(1))));
-        return _mm512_sllv_epi32(x, sh);
+        /* the shuffled bytes (high_bytes.h), shifted by 2 in the run's
+         * first half and by 1 in its second */
+        __m128i second;
+        __m512i x = _mm512_cvtepu8_epi32(vq_high_bytes16(c + s2, i0, s1, &second));
+        return _mm512_sllv_epi32(x, _mm512_sub_epi32(_mm512_set1_epi32(2), _mm512_cvtepu8_epi32(second)));
     }
     if (s1 == 8) {
         uint64_t b;
