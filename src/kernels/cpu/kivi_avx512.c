@@ -15,6 +15,7 @@
  * functions also carry their own target attribute, so no other code in
  * these files can be compiled into VNNI instructions (Skylake-X has
  * AVX-512 without VNNI). */
+#include "high_bytes.h"
 #include "reduce_avx2.h"
 #include "reduce_avx512.h"
 #include "vq_internal.h"
@@ -105,25 +106,41 @@ static ALWAYS_INLINE void dot_tokens(const float *qs, const uint8_t *c, size_t c
     }
 }
 
-/* dot_tokens for 3-bit codes (d a multiple of 128): per 16 channels of
- * slot j, the 2-bit part (x >> 2 j) & 3 and the high bit from slot 2 j + k0
- * of the 1-bit plane bytes (the same channels, s1 = d / 8 apart) joined
- * into c2 + 4 c1 by one vpternlogd before one conversion and the rows'
- * FMAs. */
-static ALWAYS_INLINE void dot_tokens_b3(const float *qs, const uint8_t *c, size_t cb, int d, const int K,
-                                        const int R, __m512 acc[8][4]) {
+/* dot_tokens for 3-bit codes: per 16 channels of slot j, the 2-bit part
+ * (x >> 2 j) & 3 and the high bit from slot 2 j + k0 of the 1-bit plane
+ * bytes (the same channels, s1 = d / 8 apart) joined into c2 + 4 c1 by one
+ * vpternlogd before one conversion and the rows' FMAs. d a multiple of
+ * 128: every step's 16 channels take their high bits from one 1-bit slot
+ * (k0 = u / s1). `across` (d < 128, a multiple of 16: s1 = d / 8 < 16
+ * bytes): a step may cross from 1-bit slot 2 j to 2 j + 1 (d = 96: s1 = 12,
+ * the step at u = 0 covers bytes 0-11 of the plane and then 0-3 again), so
+ * its high bytes are placed by a byte shuffle (vq_high_bytes16) and each
+ * lane's bit is brought to the same place by a per-lane shift; the last
+ * step of a plane stride of 4, 8 or 12 mod 16 reads past the plane with q'
+ * zero there (prep_keys). */
+static ALWAYS_INLINE void dot_tokens_b3(const float *qs, const uint8_t *c, size_t cb, int d, const bool across,
+                                        const int K, const int R, __m512 acc[8][4]) {
     const int s2 = d / 4, s1 = d / 8;
     const __m512i four = _mm512_set1_epi32(4);
     const float *qp = qs;
     for (int k = 0; k < K; k++)
         for (int r = 0; r < R; r++) acc[k][r] = _mm512_setzero_ps();
     for (int u = 0; u < s2; u += 16) {
-        const int k0 = u / s1; /* the 1-bit slot of j = 0 */
+        const int k0 = across ? 0 : u / s1; /* the 1-bit slot of j = 0 */
         __m512i x[8], y[8];
         for (int k = 0; k < K; k++) {
             const uint8_t *ck = c + k * cb;
             x[k] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ck + u)));
-            y[k] = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ck + s2 + u % s1))), 2);
+            if (across) {
+                /* lane i: plane byte (u + i) mod s1 shifted left by 2 - second_i,
+                 * so its slot 2 j + second_i bit lands at 2 j + 2 */
+                __m128i second;
+                __m128i hb = vq_high_bytes16(ck + s2, u, s1, &second);
+                y[k] = _mm512_sllv_epi32(_mm512_cvtepu8_epi32(hb),
+                                         _mm512_sub_epi32(_mm512_set1_epi32(2), _mm512_cvtepu8_epi32(second)));
+            } else {
+                y[k] = _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ck + s2 + u % s1))), 2);
+            }
         }
         for (int j = 0; j < 4; j++, qp += 16 * R)
             for (int k = 0; k < K; k++) {
@@ -145,8 +162,9 @@ static ALWAYS_INLINE int kt(const int R) { return R == 4 ? 4 : 8; }
 
 /* Scores of tokens [t0, t0 + n) for R rows (4, 2 or 1; bits 2, 3, 4 or 8;
  * both constants per instance). */
-static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, const int bits, const uint8_t *blk,
-                                     int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
+static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, const int bits, const bool across,
+                                     const uint8_t *blk, int block_tokens, int t0, int n, float *logits, int ld,
+                                     float *scratch) {
     /* 3-bit codes: the 2-bit plane set's slots, whole (see prep_keys) */
     const int b = bits == 3 ? 2 : bits, stride = bits == 3 ? d / 4 : d * b / 8;
     const size_t cb = (size_t)d * (size_t)bits / 8;
@@ -173,7 +191,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
                 for (int h = 0; h < 2; h++) {
                     __m512 acc[8][4], a[16];
                     if (bits == 3)
-                        dot_tokens_b3(qs, blk + (size_t)(t + 4 * h) * cb, cb, d, 4, 4, acc);
+                        dot_tokens_b3(qs, blk + (size_t)(t + 4 * h) * cb, cb, d, across, 4, 4, acc);
                     else
                         dot_tokens(qs, blk + (size_t)(t + 4 * h) * cb, cb, stride, b, 4, 4, acc);
                     for (int r = 0; r < 4; r++)
@@ -195,7 +213,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
             for (int k = 0; k < 8; k += kt(R)) {
                 __m512 acc[8][4];
                 if (bits == 3)
-                    dot_tokens_b3(qs, blk + (size_t)(t + k) * cb, cb, d, kt(R), R, acc);
+                    dot_tokens_b3(qs, blk + (size_t)(t + k) * cb, cb, d, across, kt(R), R, acc);
                 else
                     dot_tokens(qs, blk + (size_t)(t + k) * cb, cb, stride, b, kt(R), R, acc);
                 for (int r = 0; r < R; r++)
@@ -209,7 +227,7 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
         for (; t < end; t++) {
             __m512 acc[8][4];
             if (bits == 3)
-                dot_tokens_b3(qs, blk + (size_t)t * cb, cb, d, 1, R, acc);
+                dot_tokens_b3(qs, blk + (size_t)t * cb, cb, d, across, 1, R, acc);
             else
                 dot_tokens(qs, blk + (size_t)t * cb, cb, stride, b, 1, R, acc);
             for (int r = 0; r < R; r++) logits[(size_t)r * ld + (t - t0)] = _mm512_reduce_add_ps(acc[0][r]) + qz[r];
@@ -221,16 +239,21 @@ static ALWAYS_INLINE void score_rows(const float *q, const int R, int d, int G, 
 static ALWAYS_INLINE void score_rows_bits(const float *q, const int R, int d, int G, int bits, const uint8_t *blk,
                                           int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
     switch (bits) {
-    case 2: score_rows(q, R, d, G, 2, blk, block_tokens, t0, n, logits, ld, scratch); break;
-    case 3: score_rows(q, R, d, G, 3, blk, block_tokens, t0, n, logits, ld, scratch); break;
-    case 4: score_rows(q, R, d, G, 4, blk, block_tokens, t0, n, logits, ld, scratch); break;
-    default: score_rows(q, R, d, G, 8, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    case 2: score_rows(q, R, d, G, 2, false, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    case 3:
+        if (d % 128 == 0) score_rows(q, R, d, G, 3, false, blk, block_tokens, t0, n, logits, ld, scratch);
+        else score_rows(q, R, d, G, 3, true, blk, block_tokens, t0, n, logits, ld, scratch);
+        break;
+    case 4: score_rows(q, R, d, G, 4, false, blk, block_tokens, t0, n, logits, ld, scratch); break;
+    default: score_rows(q, R, d, G, 8, false, blk, block_tokens, t0, n, logits, ld, scratch); break;
     }
 }
 
 bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                                int t0, int n, float *logits, int ld, float *scratch) {
-    if (bits == 3 ? d % 128 != 0 : (bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 4 != 0) return false;
+    /* 3 bits: d a multiple of 128, or of 16 below 128 (across) */
+    if (bits == 3 ? d % 128 != 0 && (d % 16 != 0 || d > 128) : (bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 4 != 0)
+        return false;
     if (R == 4) score_rows_bits(q, 4, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
     else if (R == 2) score_rows_bits(q, 2, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
     else score_rows_bits(q, 1, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
@@ -494,12 +517,87 @@ static ALWAYS_INLINE VNNI void accum_planes_b3(const uint8_t *codes, size_t cb, 
         }
 }
 
+/* join_b3 for the 16 bytes of a run of 3-bit codes whose high bits are
+ * not in one 1-bit slot (d < 128): c1 from vq_high_bytes16, m1 the bit
+ * of each byte lane (slot 2 j or 2 j + 1, see high_mask). */
+static ALWAYS_INLINE __m128i join_b3_16(__m128i c2, __m128i c1, __m128i m1, const int j) {
+    const int e = j < 3 ? 2 * j : 4;
+    __m128i lo = _mm_and_si128(j < 3 ? c2 : _mm_srli_epi16(c2, 2), _mm_set1_epi8((char)(3 << e)));
+    __m128i off = _mm_cmpeq_epi8(_mm_and_si128(c1, m1), _mm_setzero_si128());
+    return _mm_or_si128(lo, _mm_andnot_si128(off, _mm_set1_epi8((char)(4 << e))));
+}
+
+/* The high bit of slot j in each byte lane of vq_high_bytes16's bytes:
+ * bit 2 j, or 2 j + 1 in the lanes of the slot's second half. */
+static ALWAYS_INLINE __m128i high_mask(__m128i second, const int j) {
+    return _mm_blendv_epi8(_mm_set1_epi8((char)(1 << (2 * j))), _mm_set1_epi8((char)(2 << (2 * j))),
+                           _mm_cmpgt_epi8(second, _mm_setzero_si128()));
+}
+
+/* accum_short for 3-bit codes of d < 128 (a multiple of 16): slot j of the
+ * 2-bit plane run v .. v + run - 1 (run 16, 8 or 4 channels of one value
+ * group) joined with its high bits, which vq_high_bytes16 places from the
+ * 1-bit plane (s1 = d / 8 bytes: d = 96, the run at v = 8 takes plane
+ * bytes 8-11 and then 0-3 one slot higher). */
+static ALWAYS_INLINE VNNI void accum_short_b3(const uint8_t *codes, size_t cb, int cn, int v, int d, const int32_t *wg,
+                                              const int j, const int run, const int R, const float *deq, float *acc) {
+    const int s2 = d / 4, s1 = d / 8;
+    __m512i a[4];
+    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_si512();
+    __m128i second;
+    (void)vq_high_bytes16(codes + s2, v, s1, &second);
+    const __m128i m1 = high_mask(second, j);
+    const uint8_t *ca = codes, *end = codes + (size_t)(cn & ~1) * cb;
+    int i = 0;
+    for (; ca != end; ca += 2 * cb, i++) {
+        __m128i xa = join_b3_16(load_bytes(ca + v, run), vq_high_bytes16(ca + s2, v, s1, &second), m1, j);
+        __m128i xb = join_b3_16(load_bytes(ca + cb + v, run), vq_high_bytes16(ca + cb + s2, v, s1, &second), m1, j);
+        __m512i x = widen_pair16(xa, xb);
+        for (int r = 0; r < R; r++) a[r] = dpwssd(a[r], x, _mm512_set1_epi32(wg[r * (CHUNK / 2) + i]));
+    }
+    if (cn & 1) { /* the odd last token, paired with itself: its partner's weight is 0 */
+        __m128i y = join_b3_16(load_bytes(ca + v, run), vq_high_bytes16(ca + s2, v, s1, &second), m1, j);
+        __m512i x = widen_pair16(y, y);
+        for (int r = 0; r < R; r++) a[r] = dpwssd(a[r], x, _mm512_set1_epi32(wg[r * (CHUNK / 2) + i]));
+    }
+    const __mmask16 k = (__mmask16)((1u << run) - 1);
+    const float fs = 1.0f / (float)(1 << (j < 3 ? 2 * j : 4));
+    for (int r = 0; r < R; r++) {
+        float *o = acc + (size_t)r * d;
+        __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r]), _mm512_set1_ps(deq[r] * fs), _mm512_maskz_loadu_ps(k, o));
+        _mm512_mask_storeu_ps(o, k, y);
+    }
+}
+
+/* Every channel of 3-bit codes for one chunk and R rows, d < 128 (a
+ * multiple of 16): per 2-bit slot, runs of 16, 8 or 4 channels, the
+ * longest that stays inside the slot and a value group (as accum_plane's
+ * short runs). */
+static ALWAYS_INLINE VNNI void accum_planes_b3x(const uint8_t *codes, size_t cb, int cn, int G, const int32_t *wp,
+                                                const float *deq, const int R, float *acc, int d) {
+    const int s2 = d / 4;
+    for (int j = 0; j < 4; j++)
+        for (int v = 0; v < s2;) {
+            const int ch = j * s2 + v, g = ch / G;
+            int run = 16;
+            while (run > 4 && (v + run > s2 || (ch + run - 1) / G != g)) run /= 2;
+            const int32_t *wg = wp + (size_t)g * R * (CHUNK / 2);
+            if (run == 16) accum_short_b3(codes, cb, cn, v, d, wg, j, 16, R, deq, acc + ch);
+            else if (run == 8) accum_short_b3(codes, cb, cn, v, d, wg, j, 8, R, deq, acc + ch);
+            else accum_short_b3(codes, cb, cn, v, d, wg, j, 4, R, deq, acc + ch);
+            v += run;
+        }
+}
+
 /* accum_plane or accum_planes_b3 with the bits a constant in each instance. */
 static ALWAYS_INLINE VNNI void accum_bits(const uint8_t *codes, size_t cb, int cn, int bits, int G, const int32_t *wp,
                                          const float *deq, const int R, float *acc, int d) {
     switch (bits) {
     case 2: accum_plane(codes, cb, cn, 2, G, wp, deq, R, acc, d); break;
-    case 3: accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d); break;
+    case 3:
+        if (d % 128 == 0) accum_planes_b3(codes, cb, cn, G, wp, deq, R, acc, d);
+        else accum_planes_b3x(codes, cb, cn, G, wp, deq, R, acc, d);
+        break;
     case 4: accum_plane(codes, cb, cn, 4, G, wp, deq, R, acc, d); break;
     default: accum_plane(codes, cb, cn, 8, G, wp, deq, R, acc, d); break;
     }
@@ -660,7 +758,9 @@ VNNI bool vq_kivi_accum_avx512(const vq_mparams *p, const float *w, int ld, int 
     const int d = p->head_dim, G = p->group, bits = p->bits;
     const size_t cb = (size_t)d * (size_t)bits / 8;
     if (G % 32 != 0 || (d + G - 1) / G > 16) return false;
-    if (bits == 3 ? d % 128 != 0 : (bits != 2 && bits != 4 && bits != 8) || cb % 4 != 0) return false;
+    /* 3 bits: d a multiple of 128, or of 16 below 128 (accum_planes_b3x) */
+    if (bits == 3 ? d % 128 != 0 && (d % 16 != 0 || d > 128) : (bits != 2 && bits != 4 && bits != 8) || cb % 4 != 0)
+        return false;
     for (int r0 = 0; r0 < rows;) {
         const int R = rows - r0 >= 4 ? 4 : rows - r0 >= 2 ? 2 : 1;
         const float *wr = w + (size_t)r0 * ld;
