@@ -252,7 +252,8 @@ static ALWAYS_INLINE void score_rows_bits(const float *q, const int R, int d, in
 bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                                int t0, int n, float *logits, int ld, float *scratch) {
     /* 3 bits: d a multiple of 128, or of 16 below 128 (across) */
-    if (bits == 3 ? d % 128 != 0 && (d % 16 != 0 || d > 128) : (bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 4 != 0)
+    if (bits == 3 ? d % 128 != 0 && (d % 16 != 0 || d > 128)
+                  : (bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 4 != 0)
         return false;
     if (R == 4) score_rows_bits(q, 4, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
     else if (R == 2) score_rows_bits(q, 2, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch);
@@ -527,11 +528,13 @@ static ALWAYS_INLINE __m128i join_b3_16(__m128i c2, __m128i c1, __m128i m1, cons
     return _mm_or_si128(lo, _mm_andnot_si128(off, _mm_set1_epi8((char)(4 << e))));
 }
 
-/* The high bit of slot j in each byte lane of vq_high_bytes16's bytes:
- * bit 2 j, or 2 j + 1 in the lanes of the slot's second half. */
-static ALWAYS_INLINE __m128i high_mask(__m128i second, const int j) {
-    return _mm_blendv_epi8(_mm_set1_epi8((char)(1 << (2 * j))), _mm_set1_epi8((char)(2 << (2 * j))),
-                           _mm_cmpgt_epi8(second, _mm_setzero_si128()));
+/* The high bit of slot j in each byte lane of vq_high_bytes16's bytes for
+ * the run at v: bit 2 j, or 2 j + 1 in the lanes of the slot's second half
+ * (v + i >= s1). */
+static ALWAYS_INLINE __m128i high_mask(int v, int s1, const int j) {
+    const __m128i lane = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m128i second = _mm_cmpgt_epi8(_mm_add_epi8(lane, _mm_set1_epi8((char)v)), _mm_set1_epi8((char)(s1 - 1)));
+    return _mm_blendv_epi8(_mm_set1_epi8((char)(1 << (2 * j))), _mm_set1_epi8((char)(2 << (2 * j))), second);
 }
 
 /* accum_short for 3-bit codes of d < 128 (a multiple of 16): slot j of the
@@ -544,9 +547,8 @@ static ALWAYS_INLINE VNNI void accum_short_b3(const uint8_t *codes, size_t cb, i
     const int s2 = d / 4, s1 = d / 8;
     __m512i a[4];
     for (int r = 0; r < R; r++) a[r] = _mm512_setzero_si512();
-    __m128i second;
-    (void)vq_high_bytes16(codes + s2, v, s1, &second);
-    const __m128i m1 = high_mask(second, j);
+    __m128i second; /* vq_high_bytes16's, unused: high_mask has the bits */
+    const __m128i m1 = high_mask(v, s1, j);
     const uint8_t *ca = codes, *end = codes + (size_t)(cn & ~1) * cb;
     int i = 0;
     for (; ca != end; ca += 2 * cb, i++) {
@@ -720,7 +722,8 @@ static ALWAYS_INLINE void chunk_weights(const float *w, int ld, const int R, int
             /* 0 <= x <= 32767 after rounding: packs_epi32 keeps it */
             __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(wi0, _mm512_loadu_ps(sg)));
             __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(wi1, _mm512_loadu_ps(sg + 16)));
-            _mm512_storeu_si512(wp + r * (CHUNK / 2) + g * gstride, _mm512_permutexvar_epi64(order, _mm512_packs_epi32(i0, i1)));
+            _mm512_storeu_si512(wp + r * (CHUNK / 2) + g * gstride,
+                                _mm512_permutexvar_epi64(order, _mm512_packs_epi32(i0, i1)));
             __m512 z = _mm512_fmadd_ps(w0[r], _mm512_loadu_ps(zg), zacc[r * ng + g]);
             z = _mm512_fmadd_ps(w1[r], _mm512_loadu_ps(zg + 16), z);
             zacc[r * ng + g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), rc, z);
