@@ -182,12 +182,132 @@ static ALWAYS_INLINE void score_rows(const trig16 *tr, const uint16_t *rad, cons
     }
 }
 
+/* ---------------------------------------- four tokens a register, d <= 64 */
+
+/* At d = 48 or 64 a lane group holds 3 or 4 coordinate blocks, so two
+ * tokens a register leave half the lanes or more holding zeros: d = 64 cost
+ * what d = 128 costs (21.6 against 22.3 ns per token and kv head in cache).
+ * There lanes 4 k .. 4 k + 3 hold the blocks of token k of four; q's 4
+ * blocks are broadcast to the four quarters. Tokens past the count repeat
+ * the last one: their logits are not stored, their weights are 0. */
+
+/* Index vectors: lane 4 k + i takes element k (spread) or 4 k (gather). */
+static ALWAYS_INLINE __m512i spread4(void) { return _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); }
+
+/* Four 32-bit words of memory as one vector, built in registers (four
+ * scalar stores read back as one vector cannot be forwarded: that stall
+ * was most of this kernel's time). */
+static ALWAYS_INLINE __m128i words4(const uint8_t *const *tk, int off) {
+    int32_t w[4];
+    for (int k = 0; k < 4; k++) memcpy(&w[k], tk[k] + off, sizeof w[k]);
+    __m128i v = _mm_cvtsi32_si128(w[0]);
+    v = _mm_insert_epi32(v, w[1], 1);
+    v = _mm_insert_epi32(v, w[2], 2);
+    return _mm_insert_epi32(v, w[3], 3);
+}
+
+/* The codes of four tokens (nb <= 4 blocks each). The words of levels 2-4
+ * and, at nb = 3, level 1's 16 bytes read past a token's codes: into the
+ * next token's, or for a block's last token into the positions that
+ * follow every block's value part. */
+static ALWAYS_INLINE codes16 load_codes_q(const uint8_t *const *tk, int nb) {
+    codes16 x;
+    __m512i l1 = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)tk[0]));
+    l1 = _mm512_inserti32x4(l1, _mm_loadu_si128((const __m128i *)tk[1]), 1);
+    l1 = _mm512_inserti32x4(l1, _mm_loadu_si128((const __m128i *)tk[2]), 2);
+    x.l1 = _mm512_inserti32x4(l1, _mm_loadu_si128((const __m128i *)tk[3]), 3);
+    x.l2 = _mm512_cvtepu8_epi32(words4(tk, 4 * nb));
+    /* level 4 starts at bit 44 nb: a 32-bit word from its byte, shifted */
+    __m128i u4 = _mm_srli_epi32(words4(tk, 44 * nb / 8), (44 * nb) % 8);
+    const __m512i sh3 = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+    const __m512i sh4 = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
+    x.l3 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread4(), _mm512_castsi128_si512(words4(tk, 5 * nb))), sh3);
+    x.l4 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread4(), _mm512_castsi128_si512(u4)), sh4);
+    return x;
+}
+
+/* The radii of four tokens (token indices tk, nb halves each), 0 in the
+ * lanes past a token's blocks. */
+static ALWAYS_INLINE __m512 load_rad_q(const uint16_t *rad, const int *tk, int nb) {
+    const __mmask8 m = (__mmask8)((1u << nb) - 1);
+    __m128i r01 = _mm_unpacklo_epi64(_mm_maskz_loadu_epi16(m, rad + (size_t)tk[0] * nb),
+                                     _mm_maskz_loadu_epi16(m, rad + (size_t)tk[1] * nb));
+    __m128i r23 = _mm_unpacklo_epi64(_mm_maskz_loadu_epi16(m, rad + (size_t)tk[2] * nb),
+                                     _mm_maskz_loadu_epi16(m, rad + (size_t)tk[3] * nb));
+    return _mm512_cvtph_ps(_mm256_set_m128i(r23, r01));
+}
+
+/* The four tokens from t (the last one repeated past n). */
+static ALWAYS_INLINE void quad_tokens(const uint8_t *codes, size_t cb, int t, int n, int *tk, const uint8_t **ck) {
+    for (int k = 0; k < 4; k++) {
+        tk[k] = t + k < n ? t + k : n - 1;
+        ck[k] = codes + (size_t)tk[k] * cb;
+    }
+}
+
+/* score_node with q's 4 blocks in each quarter. */
+static ALWAYS_INLINE void score_node_q(const trig16 *tr, const codes16 *x, __m512 parent, int j, const float *q,
+                                       const int R, __m512 *acc) {
+    __m512 v0, v1;
+    leaf_pair(tr, x->l1, parent, j, &v0, &v1);
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm512_fmadd_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(q + ((2 * j) * R + r) * 8)), v0, acc[r]);
+        acc[r + 4] = _mm512_fmadd_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(q + ((2 * j + 1) * R + r) * 8)), v1, acc[r + 4]);
+    }
+}
+
+/* Sums each quarter of v: lane 4 k (and every lane of quarter k) holds
+ * quarter k's sum. */
+static ALWAYS_INLINE __m512 quarter_sums(__m512 v) {
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
+    return _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
+}
+
+static ALWAYS_INLINE void score_rows_q(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d,
+                                       int n, const float *q, const int R, float *logits, int ld) {
+    const int nb = d / 16;
+    const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+    for (int t = 0; t < n; t += 4) {
+        int tk[4];
+        const uint8_t *ck[4];
+        quad_tokens(codes, cb, t, n, tk, ck);
+        codes16 x = load_codes_q(ck, nb);
+        __m512 acc[8], a3[4];
+        for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
+        top_levels(tr, &x, load_rad_q(rad, tk, nb), a3);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            __m512 p0, p1;
+            level2(tr, &x, a3[j], j, &p0, &p1);
+            score_node_q(tr, &x, p0, 2 * j, q, R, acc);
+            score_node_q(tr, &x, p1, 2 * j + 1, q, R, acc);
+        }
+        const int cnt = n - t < 4 ? n - t : 4;
+        for (int r = 0; r < R; r++) {
+            __m128 s = _mm512_castps512_ps128(
+                _mm512_permutexvar_ps(firsts, quarter_sums(_mm512_add_ps(acc[r], acc[r + 4]))));
+            if (cnt == 4) {
+                _mm_storeu_ps(logits + (size_t)r * ld + t, s);
+            } else {
+                float o[4];
+                _mm_storeu_ps(o, s);
+                memcpy(logits + (size_t)r * ld + t, o, sizeof(float) * (size_t)cnt);
+            }
+        }
+    }
+}
+
 void vq_polar_score_avx512(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
                            size_t cb, int d, int n, const float *q, int rows, float *logits, int ld) {
     trig16 tr = load_trig(cs, sn);
     const size_t w = (size_t)(d + 127) / 128 * 128; /* q's row stride: whole lane groups */
     const bool ragged = d % 128 != 0;                /* an instance of its own, as in polar_avx2.c */
     int r = 0;
+    if (d <= 64) { /* four tokens a register */
+        for (; r + 4 <= rows; r += 4) score_rows_q(&tr, rad, codes, cb, d, n, q + r * w, 4, logits + (size_t)r * ld, ld);
+        for (; r < rows; r++) score_rows_q(&tr, rad, codes, cb, d, n, q + r * w, 1, logits + (size_t)r * ld, ld);
+        return;
+    }
     for (; r + 4 <= rows; r += 4) {
         if (ragged) score_rows(&tr, rad, codes, cb, d, n, q + r * w, 4, true, logits + (size_t)r * ld, ld);
         else score_rows(&tr, rad, codes, cb, d, n, q + r * w, 4, false, logits + (size_t)r * ld, ld);
@@ -267,11 +387,77 @@ static ALWAYS_INLINE void accum_rows(const trig16 *tr, const uint16_t *rad, cons
     }
 }
 
+/* parents for four tokens a register: quads [0, nq) of tokens [0, cnt). */
+static ALWAYS_INLINE void parents_q(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb,
+                                    int cnt, __m512 *par, __m512i *l1) {
+    for (int t = 0; t < cnt; t += 4) {
+        int tk[4];
+        const uint8_t *ck[4];
+        quad_tokens(codes, cb, t, cnt, tk, ck);
+        codes16 x = load_codes_q(ck, nb);
+        __m512 a3[4], *pt = par + 2 * t;
+        top_levels(tr, &x, load_rad_q(rad, tk, nb), a3);
+        for (int j = 0; j < 4; j++) level2(tr, &x, a3[j], j, &pt[2 * j], &pt[2 * j + 1]);
+        l1[t / 4] = x.l1;
+    }
+}
+
+/* accum_node for quads: the sums' quarters (the four tokens) are added
+ * once at the end, into the 4 blocks' lanes of acc. */
+static ALWAYS_INLINE void accum_node_q(const trig16 *tr, const __m512 *par, const __m512i *l1, int j, int nq,
+                                       const __m512 *wq, const int R, float *acc, int d) {
+    __m512 a[8];
+    for (int i = 0; i < 2 * R; i++) a[i] = _mm512_setzero_ps();
+    for (int p = 0; p < nq; p++) {
+        __m512 v0, v1;
+        leaf_pair(tr, l1[p], par[8 * p + j], j, &v0, &v1);
+        for (int r = 0; r < R; r++) {
+            a[2 * r] = _mm512_fmadd_ps(wq[r * VPAIRS + p], v0, a[2 * r]);
+            a[2 * r + 1] = _mm512_fmadd_ps(wq[r * VPAIRS + p], v1, a[2 * r + 1]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *o = acc + (size_t)r * d + 16 * j;
+        for (int h = 0; h < 2; h++) {
+            __m512 v = _mm512_add_ps(a[2 * r + h], _mm512_shuffle_f32x4(a[2 * r + h], a[2 * r + h], 0x4E));
+            v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+            _mm_storeu_ps(o + 8 * h, _mm_add_ps(_mm_loadu_ps(o + 8 * h), _mm512_castps512_ps128(v)));
+        }
+    }
+}
+
+/* accum_rows for d <= 64, VPAIRS quads (4 VPAIRS tokens) a pass. */
+static ALWAYS_INLINE void accum_rows_q(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d,
+                                       int n, const float *w, int ld, const int R, float *acc, int aw) {
+    const int nb = d / 16;
+    __m512 par[8 * VPAIRS], wq[4 * VPAIRS];
+    __m512i l1[VPAIRS];
+    for (int t0 = 0; t0 < n; t0 += 4 * VPAIRS) {
+        const int cnt = n - t0 < 4 * VPAIRS ? n - t0 : 4 * VPAIRS, nq = (cnt + 3) / 4;
+        for (int r = 0; r < R; r++)
+            for (int p = 0; p < nq; p++) {
+                /* tokens past cnt (repeats of the last) weigh 0 */
+                const int left = cnt - 4 * p;
+                const __mmask8 m = (__mmask8)(left >= 4 ? 0xF : (1u << left) - 1);
+                __m128 wv = _mm_maskz_loadu_ps(m, w + (size_t)r * ld + t0 + 4 * p);
+                wq[r * VPAIRS + p] = _mm512_permutexvar_ps(spread4(), _mm512_castps128_ps512(wv));
+            }
+        parents_q(tr, rad + (size_t)t0 * nb, codes + (size_t)t0 * cb, cb, nb, cnt, par, l1);
+        for (int j = 0; j < 8; j++) accum_node_q(tr, par, l1, j, nq, wq, R, acc, aw);
+    }
+}
+
 void vq_polar_accum_avx512(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
                            size_t cb, int d, int n, const float *w, int ld, int rows, float *acc) {
     trig16 tr = load_trig(cs, sn);
     const size_t aw = (size_t)(d + 127) / 128 * 128; /* acc's row stride: whole lane groups */
     int r = 0;
+    if (d <= 64) { /* four tokens a register */
+        for (; r + 4 <= rows; r += 4)
+            accum_rows_q(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, acc + r * aw, (int)aw);
+        for (; r < rows; r++) accum_rows_q(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, acc + r * aw, (int)aw);
+        return;
+    }
     for (; r + 4 <= rows; r += 4)
         accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, acc + r * aw, (int)aw);
     for (; r < rows; r++) accum_rows(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, acc + r * aw, (int)aw);
