@@ -446,12 +446,13 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
 
 /* ---------------------------------------------------------------- values */
 
-/* For one row and one chunk (CHUNK tokens, zero weights past its end),
- * with sT/zT[g][t] the chunk's scales and zeros and W_tg = w_t * sT[g][t]:
- * wp[g][pair] = (w16_t, w16_t+1), w16 = rint(W * 32767 / max W), the max
- * over the chunk's tokens and groups, and zv[g] (8 lanes, summed at the end
- * of the call) += w_t zT[g][t] - cmax/2 * deq * (w16_t - W_t * 32767 / max W)
- * where deq = max W / 32767, returned. wp's groups are gstride ints apart.
+/* For R rows (wr[r]) and one chunk (CHUNK tokens, zero weights past its
+ * end), with sT/zT[g][t] the chunk's scales and zeros and W_tg = w_t *
+ * sT[g][t]: row r's wp[r * CHUNK / 2 + g * gstride + pair] = (w16_t,
+ * w16_t+1), w16 = rint(W * 32767 / max W), the max over the chunk's tokens
+ * and groups, and zv[r * ng + g] (8 lanes, summed at the end of the call)
+ * += w_t zT[g][t] - cmax/2 * deq * (w16_t - W_t * 32767 / max W) where
+ * deq[r] = max W / 32767.
  * smax[t] = max over groups of sT[g][t], shared by the rows: weights and
  * scales are >= 0, so max W = max over t of w_t * smax[t] (the same float:
  * rounding is monotonic), one product per token instead of one per group.
@@ -461,39 +462,55 @@ bool vq_kivi_score_avx2(const vq_mparams *p, const float *q, int rows, const uin
  * The codes are used as they are (no centering), and the rounding error
  * sum_t e_t c_t = sum_t e_t (c_t - cmax/2) + cmax/2 sum_t e_t has its
  * second, largest part known exactly here: it is taken back in float. */
-static float prep_weights(const float *wr, const float *sT, const float *smax, const float *zT, int ng, int cmax,
-                          int32_t *wp, size_t gstride, __m256 *zv) {
-    __m256 mx = _mm256_setzero_ps();
-    for (int t = 0; t < CHUNK; t += 8)
-        mx = _mm256_max_ps(mx, _mm256_mul_ps(_mm256_loadu_ps(wr + t), _mm256_loadu_ps(smax + t)));
-    float m = hmax8(mx);
-    float deq = m / 32767.0f;
+static void prep_weights(const float *const *wr, const int R, const float *sT, const float *smax, const float *zT,
+                         int ng, int cmax, int32_t *wp, size_t gstride, __m256 *zv, float *deq) {
+    /* The rows' maxima by one transposing tree (lane r of each 128-bit half
+     * ends up holding row r's), then one division for all rows' steps and
+     * one for their inverses: a horizontal maximum and two scalar
+     * divisions a row, one row after the other, made a chain of dependent
+     * steps in front of the chunk's sums (kivi_avx512.c's chunk_weights has
+     * the measurements). */
+    __m256 mx[4];
+    for (int r = 0; r < 4; r++) mx[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < CHUNK; t += 8)
+            mx[r] = _mm256_max_ps(mx[r], _mm256_mul_ps(_mm256_loadu_ps(wr[r] + t), _mm256_loadu_ps(smax + t)));
+    __m256 x01 = _mm256_max_ps(_mm256_unpacklo_ps(mx[0], mx[1]), _mm256_unpackhi_ps(mx[0], mx[1])); /* r0 r1 r0 r1 */
+    __m256 x23 = _mm256_max_ps(_mm256_unpacklo_ps(mx[2], mx[3]), _mm256_unpackhi_ps(mx[2], mx[3])); /* r2 r3 r2 r3 */
+    __m256 y = _mm256_max_ps(_mm256_shuffle_ps(x01, x23, 0x44), _mm256_shuffle_ps(x01, x23, 0xEE)); /* r0 r1 r2 r3 */
+    const __m128 m = _mm_max_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1)), c = _mm_set1_ps(32767.0f);
+    const __m128 dq = _mm_div_ps(m, c);
     /* A chunk whose largest weight is below 1e-30 (a sharp softmax: its
      * tokens sit 69+ nats under the running maximum, whose own weight is
      * 1) adds nothing an fp32 output can hold. 32767 / m overflows to inf
      * below 32767 / FLT_MAX ~ 1e-34 and turns zero weights into NaN
      * (0 * inf), so such a chunk gets zero int16 weights. */
-    __m256 inv = _mm256_set1_ps(m > 1e-30f ? 32767.0f / m : 0.0f), corr = _mm256_set1_ps(-0.5f * (float)cmax * deq);
-    __m256 wi[CHUNK / 8];
-    for (int i = 0; i < CHUNK / 8; i++) wi[i] = _mm256_mul_ps(_mm256_loadu_ps(wr + 8 * i), inv);
-    for (int g = 0; g < ng; g++) {
-        __m256 err = _mm256_setzero_ps(), zw = zv[g]; /* sum_t (w16_t - W_t * inv), sum_t w_t zT */
-        for (int t = 0; t < CHUNK; t += 16) {
-            __m256 w0 = _mm256_loadu_ps(wr + t), w1 = _mm256_loadu_ps(wr + t + 8);
-            __m256 x0 = _mm256_mul_ps(wi[t / 8], _mm256_loadu_ps(sT + g * CHUNK + t));
-            __m256 x1 = _mm256_mul_ps(wi[t / 8 + 1], _mm256_loadu_ps(sT + g * CHUNK + t + 8));
-            __m256i i0 = _mm256_cvtps_epi32(x0), i1 = _mm256_cvtps_epi32(x1);
-            err = _mm256_add_ps(err, _mm256_add_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(i0), x0),
-                                                   _mm256_sub_ps(_mm256_cvtepi32_ps(i1), x1)));
-            zw = _mm256_fmadd_ps(w0, _mm256_loadu_ps(zT + g * CHUNK + t), zw);
-            zw = _mm256_fmadd_ps(w1, _mm256_loadu_ps(zT + g * CHUNK + t + 8), zw);
-            /* 16 int16 in token order (packs works per 128-bit lane) = 8 pairs */
-            __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8);
-            _mm256_storeu_si256((__m256i *)(wp + g * gstride + t / 2), p);
+    float inv4[4], corr4[4];
+    _mm_storeu_ps(inv4, _mm_and_ps(_mm_div_ps(c, m), _mm_cmpgt_ps(m, _mm_set1_ps(1e-30f))));
+    _mm_storeu_ps(corr4, _mm_mul_ps(dq, _mm_set1_ps(-0.5f * (float)cmax)));
+    _mm_storeu_ps(deq, dq);
+    for (int r = 0; r < R; r++) {
+        const __m256 inv = _mm256_set1_ps(inv4[r]), corr = _mm256_set1_ps(corr4[r]);
+        __m256 wi[CHUNK / 8];
+        for (int i = 0; i < CHUNK / 8; i++) wi[i] = _mm256_mul_ps(_mm256_loadu_ps(wr[r] + 8 * i), inv);
+        for (int g = 0; g < ng; g++) {
+            __m256 err = _mm256_setzero_ps(), zw = zv[r * ng + g]; /* sum_t (w16_t - W_t * inv), sum_t w_t zT */
+            for (int t = 0; t < CHUNK; t += 16) {
+                __m256 w0 = _mm256_loadu_ps(wr[r] + t), w1 = _mm256_loadu_ps(wr[r] + t + 8);
+                __m256 x0 = _mm256_mul_ps(wi[t / 8], _mm256_loadu_ps(sT + g * CHUNK + t));
+                __m256 x1 = _mm256_mul_ps(wi[t / 8 + 1], _mm256_loadu_ps(sT + g * CHUNK + t + 8));
+                __m256i i0 = _mm256_cvtps_epi32(x0), i1 = _mm256_cvtps_epi32(x1);
+                err = _mm256_add_ps(err, _mm256_add_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(i0), x0),
+                                                       _mm256_sub_ps(_mm256_cvtepi32_ps(i1), x1)));
+                zw = _mm256_fmadd_ps(w0, _mm256_loadu_ps(zT + g * CHUNK + t), zw);
+                zw = _mm256_fmadd_ps(w1, _mm256_loadu_ps(zT + g * CHUNK + t + 8), zw);
+                /* 16 int16 in token order (packs works per 128-bit lane) = 8 pairs */
+                __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xD8);
+                _mm256_storeu_si256((__m256i *)(wp + r * (CHUNK / 2) + g * gstride + t / 2), p);
+            }
+            zv[r * ng + g] = _mm256_fmadd_ps(err, corr, zw);
         }
-        zv[g] = _mm256_fmadd_ps(err, corr, zw);
     }
-    return deq;
 }
 
 /* a + the madd of x and w, in int32 lanes. The value kernels' int32
@@ -894,19 +911,19 @@ static ALWAYS_INLINE void accum_rows(const float *w, int ld, const int R, int d,
             _mm256_storeu_ps(smax + t, x);
         }
         float deq[4];
+        const float *wr[4];
         for (int r = 0; r < R; r++) {
             /* a whole chunk's weights are read in place; a shorter one is
              * copied and padded with zero weights */
-            const float *wr = w + (size_t)r * ld + (c0 - t0);
+            wr[r] = w + (size_t)r * ld + (c0 - t0);
             if (cn < CHUNK) {
                 float *wc = wbuf + r * CHUNK;
-                memcpy(wc, wr, sizeof(float) * (size_t)cn);
+                memcpy(wc, wr[r], sizeof(float) * (size_t)cn);
                 memset(wc + cn, 0, sizeof(float) * (size_t)(CHUNK - cn));
-                wr = wc;
+                wr[r] = wc;
             }
-            deq[r] = prep_weights(wr, sT, smax, zT, ng, cmax, wp + (size_t)r * (CHUNK / 2), (size_t)R * (CHUNK / 2),
-                                  zv + (size_t)r * ng);
         }
+        prep_weights(wr, R, sT, smax, zT, ng, cmax, wp, (size_t)R * (CHUNK / 2), zv, deq);
         const uint8_t *codes = blk + (size_t)c0 * cb;
         if (bits == 3) {
             if (across) accum_planes_b3x(codes, cb, cn, G, wp, deq, R, acc, d);
