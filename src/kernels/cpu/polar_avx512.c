@@ -191,7 +191,7 @@ static ALWAYS_INLINE void score_rows(const trig16 *tr, const uint16_t *rad, cons
  * blocks are broadcast to the four quarters. Tokens past the count repeat
  * the last one: their logits are not stored, their weights are 0. */
 
-/* Index vectors: lane 4 k + i takes element k (spread) or 4 k (gather). */
+/* The index vector that gives lane 4 k + i element k. */
 static ALWAYS_INLINE __m512i spread4(void) { return _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); }
 
 /* Four 32-bit words of memory as one vector, built in registers (four
@@ -206,10 +206,11 @@ static ALWAYS_INLINE __m128i words4(const uint8_t *const *tk, int off) {
     return _mm_insert_epi32(v, w[3], 3);
 }
 
-/* The codes of four tokens (nb <= 4 blocks each). The words of levels 2-4
- * and, at nb = 3, level 1's 16 bytes read past a token's codes: into the
- * next token's, or for a block's last token into the positions that
- * follow every block's value part. */
+/* The codes of four tokens (nb <= 4 blocks each). The 32-bit words of
+ * levels 3 and 4 read up to 3 bytes past a token's codes (18 bytes at
+ * nb = 3, 23 at nb = 4): into the next token's, or for a block's last
+ * token into what follows in the block (the value part after the keys,
+ * the token positions after the values). */
 static ALWAYS_INLINE codes16 load_codes_q(const uint8_t *const *tk, int nb) {
     codes16 x;
     __m512i l1 = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)tk[0]));
