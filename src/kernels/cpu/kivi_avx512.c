@@ -606,16 +606,17 @@ static ALWAYS_INLINE VNNI void accum_bits(const uint8_t *codes, size_t cb, int c
 }
 
 /* A chunk's value metadata m ([CHUNK][ng][scale, zero] halves) as floats
- * by group: sz[g * CHUNK + t] the scale of token t, sz[(ng + g) * CHUNK +
- * t] its zero. Tokens from cn on read as 0: their weights are 0, and a
- * slot not yet written may hold any bits, a NaN among them. With W = 2 ng
+ * by group (chunk_meta's tables). Tokens from cn on read as 0: their
+ * weights are 0, and a slot not yet written may hold any bits, a NaN among
+ * them. With W = 2 ng
  * halves a token a power of two, the 32 x W matrix of halves (W vectors)
  * is transposed in registers: one unshuffle round (each output pair takes
  * the even elements of an input pair, then the odd ones) rotates every
  * element's index right by a bit, so after log2 W rounds half v of token t
  * sits at v * 32 + t (8 vpermt2w a round for ng = 4, against a 24-shuffle
  * 8 x 8 float transpose per 8 tokens and group pair in kivi_avx2.c). */
-static ALWAYS_INLINE void transpose_meta(const uint16_t *m, const int W, int cn, float *sz) {
+static ALWAYS_INLINE void transpose_meta(const uint16_t *m, const int W, int cn, __m512 hc, float *sz, float *zs,
+                                         float *smax) {
     static const int16_t ev[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
                                    32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
     const __m512i even = _mm512_loadu_si512(ev), odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
@@ -632,36 +633,54 @@ static ALWAYS_INLINE void transpose_meta(const uint16_t *m, const int W, int cn,
         }
         for (int i = 0; i < W; i++) v[i] = o[i];
     }
-    const int ng = W / 2;
-    for (int j = 0; j < W; j++) { /* half j of a token: group j / 2, scale or zero */
-        float *dst = sz + ((j & 1) * ng + j / 2) * CHUNK;
-        _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm512_castsi512_si256(v[j])));
-        _mm512_storeu_ps(dst + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v[j], 1)));
+    /* half 2 g of a token is group g's scale, 2 g + 1 its zero */
+    for (int h = 0; h < 2; h++) {
+        __m512 mx = _mm512_setzero_ps();
+        for (int g = 0; g < W / 2; g++) {
+            __m512 sc = _mm512_cvtph_ps(h ? _mm512_extracti64x4_epi64(v[2 * g], 1) : _mm512_castsi512_si256(v[2 * g]));
+            __m512 zr = _mm512_cvtph_ps(h ? _mm512_extracti64x4_epi64(v[2 * g + 1], 1)
+                                          : _mm512_castsi512_si256(v[2 * g + 1]));
+            _mm512_storeu_ps(sz + g * CHUNK + 16 * h, sc);
+            _mm512_storeu_ps(zs + g * CHUNK + 16 * h, _mm512_fmadd_ps(hc, sc, zr));
+            mx = _mm512_max_ps(mx, sc);
+        }
+        _mm512_storeu_ps(smax + 16 * h, mx);
     }
 }
 
-static void chunk_meta(const uint16_t *m, int ng, int cn, float *sz) {
+/* A chunk's value metadata as the tables chunk_weights reads: sz [ng][CHUNK]
+ * the scales by group, zs [ng][CHUNK] = zero + cmax/2 scale, smax [CHUNK]
+ * each token's largest scale (made here from the converted registers, not
+ * read back from memory). */
+static void chunk_meta(const uint16_t *m, int ng, int cn, float half_cmax, float *sz, float *zs, float *smax) {
+    const __m512 hc = _mm512_set1_ps(half_cmax);
     switch (ng) {
-    case 1: transpose_meta(m, 2, cn, sz); return;
-    case 2: transpose_meta(m, 4, cn, sz); return;
-    case 4: transpose_meta(m, 8, cn, sz); return;
-    case 8: transpose_meta(m, 16, cn, sz); return;
+    case 1: transpose_meta(m, 2, cn, hc, sz, zs, smax); return;
+    case 2: transpose_meta(m, 4, cn, hc, sz, zs, smax); return;
+    case 4: transpose_meta(m, 8, cn, hc, sz, zs, smax); return;
+    case 8: transpose_meta(m, 16, cn, hc, sz, zs, smax); return;
     }
     /* other group counts (d = 96 or 80 with groups of 32: 3): each token's
      * (scale, zero) pair of group g is one 32-bit word, gathered for 16
      * tokens at a time and split into the halves (tokens past cn read 0) */
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int g = 0; g < ng; g++)
-        for (int h = 0; h < CHUNK; h += 16) {
-            int left = cn - h;
-            __mmask16 k = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    for (int h = 0; h < CHUNK; h += 16) {
+        int left = cn - h;
+        __mmask16 k = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        __m512 mx = _mm512_setzero_ps();
+        for (int g = 0; g < ng; g++) {
             __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(iota, _mm512_set1_epi32(h)),
                                                               _mm512_set1_epi32(ng)),
                                            _mm512_set1_epi32(g));
             __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, idx, m, 4);
-            _mm512_storeu_ps(sz + g * CHUNK + h, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w)));
-            _mm512_storeu_ps(sz + (ng + g) * CHUNK + h, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16))));
+            __m512 sc = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
+            __m512 zr = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+            _mm512_storeu_ps(sz + g * CHUNK + h, sc);
+            _mm512_storeu_ps(zs + g * CHUNK + h, _mm512_fmadd_ps(hc, sc, zr));
+            mx = _mm512_max_ps(mx, sc);
         }
+        _mm512_storeu_ps(smax + h, mx);
+    }
 }
 
 /* The int16 weights of R rows (w, ld floats apart) for a chunk
@@ -731,10 +750,10 @@ static ALWAYS_INLINE void chunk_weights(const float *w, int ld, const int R, int
     }
 }
 
-/* Scratch floats of vq_kivi_accum_avx512: sz [2 ng][CHUNK], zs [ng][CHUNK],
+/* Scratch floats of vq_kivi_accum_avx512: sz [ng][CHUNK], zs [ng][CHUNK],
  * smax [CHUNK], wp [ng][4][CHUNK / 2] int32, zacc [4][ng][16] and 16 floats
  * to align it to 64 bytes. */
-size_t vq_kivi_scratch_avx512(int ng) { return (size_t)ng * (3 * CHUNK + 4 * (CHUNK / 2) + 4 * 16) + CHUNK + 16; }
+size_t vq_kivi_scratch_avx512(int ng) { return (size_t)ng * (2 * CHUNK + 4 * (CHUNK / 2) + 4 * 16) + CHUNK + 16; }
 
 /* Tokens [t0, t0 + n) of a block's values into R rows (4, 2 or 1). */
 static ALWAYS_INLINE VNNI void accum_group(const float *w, int ld, const int R, int d, int G, int bits,
@@ -744,23 +763,13 @@ static ALWAYS_INLINE VNNI void accum_group(const float *w, int ld, const int R, 
     const size_t cb = (size_t)d * (size_t)bits / 8;
     const float half_cmax = 0.5f * (float)(bits == 3 ? 7 : (1 << bits) - 1);
     const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
-    float *sz = scratch, *zs = sz + 2 * ng * CHUNK, *smax = zs + ng * CHUNK;
+    float *sz = scratch, *zs = sz + ng * CHUNK, *smax = zs + ng * CHUNK;
     int32_t *wp = (int32_t *)(smax + CHUNK);
     __m512 *zacc = (__m512 *)(void *)(((uintptr_t)(wp + (size_t)ng * 4 * (CHUNK / 2)) + 63) & ~(uintptr_t)63);
     for (int i = 0; i < R * ng; i++) zacc[i] = _mm512_setzero_ps();
-    const __m512 hc = _mm512_set1_ps(half_cmax);
     for (int c0 = t0; c0 < t0 + n; c0 += CHUNK) {
         const int cn = t0 + n - c0 < CHUNK ? t0 + n - c0 : CHUNK;
-        chunk_meta(meta + (size_t)c0 * ng * 2, ng, cn, sz);
-        for (int h = 0; h < CHUNK; h += 16) {
-            __m512 mx = _mm512_loadu_ps(sz + h);
-            for (int g = 0; g < ng; g++) {
-                __m512 sg = _mm512_loadu_ps(sz + g * CHUNK + h);
-                mx = _mm512_max_ps(mx, sg);
-                _mm512_storeu_ps(zs + g * CHUNK + h, _mm512_fmadd_ps(hc, sg, _mm512_loadu_ps(sz + (ng + g) * CHUNK + h)));
-            }
-            _mm512_storeu_ps(smax + h, mx);
-        }
+        chunk_meta(meta + (size_t)c0 * ng * 2, ng, cn, half_cmax, sz, zs, smax);
         float deq[4];
         chunk_weights(w + (c0 - t0), ld, R, cn, sz, zs, smax, ng, half_cmax, wp, (size_t)R * (CHUNK / 2), zacc, deq);
         accum_bits(blk + (size_t)c0 * cb, cb, cn, bits, G, wp, deq, R, acc, d);
