@@ -114,14 +114,18 @@ static ALWAYS_INLINE void leaf_pair(const trig16 *tr, __m512i l1, __m512 parent,
 }
 
 /* acc[r + 4 (i & 1)] += q_r . v for coordinates i = 2j, 2j + 1 of level-1
- * node j (polar_avx2.c's score_node). qg: the lane group's q, [i][r][8]. */
+ * node j (polar_avx2.c's score_node). qg: the lane group's q, [i][r][8];
+ * its 8 blocks go to both halves for T = 2 tokens a register, its first 4
+ * to the four quarters for T = 4 (d <= 64). */
 static ALWAYS_INLINE void score_node(const trig16 *tr, const codes16 *x, __m512 parent, int j, const float *qg,
-                                     const int R, __m512 *acc) {
+                                     const int R, const int T, __m512 *acc) {
     __m512 v0, v1;
     leaf_pair(tr, x->l1, parent, j, &v0, &v1);
     for (int r = 0; r < R; r++) {
-        acc[r] = _mm512_fmadd_ps(both_halves(qg + ((2 * j) * R + r) * 8), v0, acc[r]);
-        acc[r + 4] = _mm512_fmadd_ps(both_halves(qg + ((2 * j + 1) * R + r) * 8), v1, acc[r + 4]);
+        const float *q0 = qg + ((2 * j) * R + r) * 8, *q1 = qg + ((2 * j + 1) * R + r) * 8;
+        acc[r] = _mm512_fmadd_ps(T == 4 ? _mm512_broadcast_f32x4(_mm_loadu_ps(q0)) : both_halves(q0), v0, acc[r]);
+        acc[r + 4] =
+            _mm512_fmadd_ps(T == 4 ? _mm512_broadcast_f32x4(_mm_loadu_ps(q1)) : both_halves(q1), v1, acc[r + 4]);
     }
 }
 
@@ -162,8 +166,8 @@ static ALWAYS_INLINE void score_rows(const trig16 *tr, const uint16_t *rad, cons
             for (int j = 0; j < 4; j++) {
                 __m512 p0, p1;
                 level2(tr, &x, a3[j], j, &p0, &p1);
-                score_node(tr, &x, p0, 2 * j, qg, R, acc);
-                score_node(tr, &x, p1, 2 * j + 1, qg, R, acc);
+                score_node(tr, &x, p0, 2 * j, qg, R, 2, acc);
+                score_node(tr, &x, p1, 2 * j + 1, qg, R, 2, acc);
             }
         }
         if (R == 1) {
@@ -246,17 +250,6 @@ static ALWAYS_INLINE void quad_tokens(const uint8_t *codes, size_t cb, int t, in
     }
 }
 
-/* score_node with q's 4 blocks in each quarter. */
-static ALWAYS_INLINE void score_node_q(const trig16 *tr, const codes16 *x, __m512 parent, int j, const float *q,
-                                       const int R, __m512 *acc) {
-    __m512 v0, v1;
-    leaf_pair(tr, x->l1, parent, j, &v0, &v1);
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm512_fmadd_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(q + ((2 * j) * R + r) * 8)), v0, acc[r]);
-        acc[r + 4] = _mm512_fmadd_ps(_mm512_broadcast_f32x4(_mm_loadu_ps(q + ((2 * j + 1) * R + r) * 8)), v1, acc[r + 4]);
-    }
-}
-
 /* Sums each quarter of v: lane 4 k (and every lane of quarter k) holds
  * quarter k's sum. */
 static ALWAYS_INLINE __m512 quarter_sums(__m512 v) {
@@ -280,8 +273,8 @@ static ALWAYS_INLINE void score_rows_q(const trig16 *tr, const uint16_t *rad, co
         for (int j = 0; j < 4; j++) {
             __m512 p0, p1;
             level2(tr, &x, a3[j], j, &p0, &p1);
-            score_node_q(tr, &x, p0, 2 * j, q, R, acc);
-            score_node_q(tr, &x, p1, 2 * j + 1, q, R, acc);
+            score_node(tr, &x, p0, 2 * j, q, R, 4, acc);
+            score_node(tr, &x, p1, 2 * j + 1, q, R, 4, acc);
         }
         const int cnt = n - t < 4 ? n - t : 4;
         for (int r = 0; r < R; r++) {
@@ -339,11 +332,12 @@ static ALWAYS_INLINE void parents(const trig16 *tr, const uint16_t *rad, const u
 }
 
 /* acc_r[coordinates 2j, 2j + 1 of the lane group] += sum_t w_r,t v_t over
- * the np pairs and R rows (4 or 1): the 2 R sums stay in registers, their
- * halves (the pair's two tokens) are added once at the end. wp: the rows'
- * weights of each pair, [r][p] vectors (lanes 0-7 the first token's). */
+ * np registers of T tokens each (2, or 4 at d <= 64) and R rows (4 or 1):
+ * the 2 R sums stay in registers, their halves or quarters (the tokens)
+ * are added once at the end. wp: the rows' weights of each register, [r][p]
+ * vectors (each token's in its half or quarter). */
 static ALWAYS_INLINE void accum_node(const trig16 *tr, const __m512 *par, const __m512i *l1, int j, int np,
-                                     const __m512 *wp, const int R, float *acc, int d) {
+                                     const __m512 *wp, const int R, const int T, float *acc, int d) {
     __m512 a[8];
     for (int i = 0; i < 2 * R; i++) a[i] = _mm512_setzero_ps();
     for (int p = 0; p < np; p++) {
@@ -356,8 +350,15 @@ static ALWAYS_INLINE void accum_node(const trig16 *tr, const __m512 *par, const 
     }
     for (int r = 0; r < R; r++) {
         float *o = acc + (size_t)r * d + 16 * j;
-        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), vq_fold512(a[2 * r])));
-        _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), vq_fold512(a[2 * r + 1])));
+        for (int h = 0; h < 2; h++) {
+            if (T == 2) {
+                _mm256_storeu_ps(o + 8 * h, _mm256_add_ps(_mm256_loadu_ps(o + 8 * h), vq_fold512(a[2 * r + h])));
+            } else {
+                __m512 v = _mm512_add_ps(a[2 * r + h], _mm512_shuffle_f32x4(a[2 * r + h], a[2 * r + h], 0x4E));
+                v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+                _mm_storeu_ps(o + 8 * h, _mm_add_ps(_mm_loadu_ps(o + 8 * h), _mm512_castps512_ps128(v)));
+            }
+        }
     }
 }
 
@@ -383,7 +384,7 @@ static ALWAYS_INLINE void accum_rows(const trig16 *tr, const uint16_t *rad, cons
             }
         for (int g = 0; g < (nb + 7) / 8; g++) {
             parents(tr, rad + (size_t)t0 * nb, codes + (size_t)t0 * cb, cb, nb, g, nb % 8 != 0, cnt, par, l1);
-            for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, np, wp, R, acc + (size_t)g * 128, aw);
+            for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, np, wp, R, 2, acc + (size_t)g * 128, aw);
         }
     }
 }
@@ -400,30 +401,6 @@ static ALWAYS_INLINE void parents_q(const trig16 *tr, const uint16_t *rad, const
         top_levels(tr, &x, load_rad_q(rad, tk, nb), a3);
         for (int j = 0; j < 4; j++) level2(tr, &x, a3[j], j, &pt[2 * j], &pt[2 * j + 1]);
         l1[t / 4] = x.l1;
-    }
-}
-
-/* accum_node for quads: the sums' quarters (the four tokens) are added
- * once at the end, into the 4 blocks' lanes of acc. */
-static ALWAYS_INLINE void accum_node_q(const trig16 *tr, const __m512 *par, const __m512i *l1, int j, int nq,
-                                       const __m512 *wq, const int R, float *acc, int d) {
-    __m512 a[8];
-    for (int i = 0; i < 2 * R; i++) a[i] = _mm512_setzero_ps();
-    for (int p = 0; p < nq; p++) {
-        __m512 v0, v1;
-        leaf_pair(tr, l1[p], par[8 * p + j], j, &v0, &v1);
-        for (int r = 0; r < R; r++) {
-            a[2 * r] = _mm512_fmadd_ps(wq[r * VPAIRS + p], v0, a[2 * r]);
-            a[2 * r + 1] = _mm512_fmadd_ps(wq[r * VPAIRS + p], v1, a[2 * r + 1]);
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        float *o = acc + (size_t)r * d + 16 * j;
-        for (int h = 0; h < 2; h++) {
-            __m512 v = _mm512_add_ps(a[2 * r + h], _mm512_shuffle_f32x4(a[2 * r + h], a[2 * r + h], 0x4E));
-            v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
-            _mm_storeu_ps(o + 8 * h, _mm_add_ps(_mm_loadu_ps(o + 8 * h), _mm512_castps512_ps128(v)));
-        }
     }
 }
 
@@ -444,7 +421,7 @@ static ALWAYS_INLINE void accum_rows_q(const trig16 *tr, const uint16_t *rad, co
                 wq[r * VPAIRS + p] = _mm512_permutexvar_ps(spread4(), _mm512_castps128_ps512(wv));
             }
         parents_q(tr, rad + (size_t)t0 * nb, codes + (size_t)t0 * cb, cb, nb, cnt, par, l1);
-        for (int j = 0; j < 8; j++) accum_node_q(tr, par, l1, j, nq, wq, R, acc, aw);
+        for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, nq, wq, R, 4, acc, aw);
     }
 }
 
