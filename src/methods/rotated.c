@@ -23,6 +23,8 @@ void vq_signs_score2_avx2(const float *tab_a, const float *tab_b, int m, int row
 void vq_signs_accum_avx2(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
                          int rows, float *z, size_t z_stride);
 /* kernels/cpu/signs_avx512.c */
+void vq_signs_score_avx512(const float *nib, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
+                           int n, float *out, int ld, bool add);
 void vq_signs_accum_avx512(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w,
                            int ld, int rows, float *z, size_t z_stride);
 void vq_dot4_avx2(const float *a, const float *x, size_t xs, int n, float *out);
@@ -297,6 +299,24 @@ void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_strid
         }
         r += w;
     }
+}
+
+bool vq_signs_nibbled(int m) {
+#if defined(__x86_64__)
+    return vq_cpu_has_avx512() && m % 4 == 0;
+#else
+    (void)m;
+    return false;
+#endif
+}
+
+void vq_signs_score_nibbles(const float *nib, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
+                            int n, float *out, int ld, bool add) {
+#if defined(__x86_64__)
+    vq_signs_score_avx512(nib, m, rows, signs, stride, gain, n, out, ld, add);
+#else
+    (void)nib, (void)m, (void)rows, (void)signs, (void)stride, (void)gain, (void)n, (void)out, (void)ld, (void)add;
+#endif
 }
 
 /* S x of each row goes into the first m floats of its 4 m, then the

@@ -21,17 +21,13 @@
  * 2 d accumulator row; finish_rows adds S^T of the sign part and applies
  * R^T, d^2 work per output row and attention call. At the avx512 level
  * (nibble_signs) the signs are scored from nibble tables instead, 16
- * tokens a vector (kernels/cpu/signs_avx512.c), after the codes kernel. */
+ * tokens a vector, after the codes kernel. */
 #include "pack.h"
 #include "rotated.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-/* kernels/cpu/signs_avx512.c */
-void vq_signs_score_avx512(const float *nib, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
-                           int n, float *out, int ld);
 
 static const char NAME[] = "tq-prod";
 static const float SQRT_HALF_PI = 1.2533141373155003f;
@@ -127,17 +123,9 @@ static void prod_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0,
     }
 }
 
-/* Whether the signs are scored from nibble tables by the AVX-512 kernel
- * (vq_signs_nibbles; else from byte tables, vq_signs_table); the prepared
- * rows differ. */
-static bool nibble_signs(const vq_mparams *p) {
-#if defined(__x86_64__)
-    return vq_cpu_has_avx512() && p->head_dim % 16 == 0;
-#else
-    (void)p;
-    return false;
-#endif
-}
+/* Whether the signs are scored from nibble tables (vq_signs_nibbled; else
+ * from byte tables, vq_signs_table); the prepared rows differ. */
+static bool nibble_signs(const vq_mparams *p) { return vq_signs_nibbled(p->head_dim); }
 
 /* Whether the keys' codes part is scored from byte tables (vq_codes_table)
  * rather than by the codes kernel; then the prepared rows hold their tables
@@ -213,7 +201,7 @@ static void prod_score(const vq_mparams *p, const float *prep, int rows, const u
         for (int j = 0; j < cnt; j++) gain[j] = len[j] * (SQRT_HALF_PI / (float)d * gain[j]);
         if (nib) { /* the codes, then the signs added */
             vq_codes_score(&part, 1, src, tb, nrm + t0 + j0, cnt, rq, d, rows, logits + j0, ld, scratch);
-            vq_signs_score_avx512(prep, d, rows, src + mb, tb, gain, cnt, logits + j0, ld);
+            vq_signs_score_nibbles(prep, d, rows, src + mb, tb, gain, cnt, logits + j0, ld, true);
         } else if (codes_tabled(p)) { /* both sketches (8 mb = d signs each) in one pass */
             vq_signs_score2(rq + (size_t)rows * d, prep, d, rows, src, mb, tb, len, gain, cnt, logits + j0, ld);
         } else { /* the codes and the signs in one pass */

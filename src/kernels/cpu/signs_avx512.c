@@ -55,7 +55,7 @@ static ALWAYS_INLINE void sign_dwords(const uint8_t *const *s, int b, __m512i x[
  * bytes read may pass the sketch's end (m < 128, or m not a multiple of
  * 128): no table looks at those bits. */
 static ALWAYS_INLINE void score_rows(const int R, const float *nib, int m, const uint8_t *signs, size_t stride,
-                                     const float *gain, int n, float *out, int ld) {
+                                     const float *gain, int n, float *out, int ld, bool add) {
     const int nb = m / 4;
     for (int j = 0; j < n; j += 32) {
         int cnt = n - j < 32 ? n - j : 32;
@@ -86,29 +86,31 @@ static ALWAYS_INLINE void score_rows(const int R, const float *nib, int m, const
             for (int r = 0; r < R; r++) {
                 float *o = out + (size_t)r * ld + j + 16 * hh;
                 __m512 sc = _mm512_mul_ps(g, a[2 * r + hh]);
-                _mm512_mask_storeu_ps(o, keep, _mm512_add_ps(sc, _mm512_maskz_loadu_ps(keep, o)));
+                if (add) sc = _mm512_add_ps(sc, _mm512_maskz_loadu_ps(keep, o));
+                _mm512_mask_storeu_ps(o, keep, sc);
             }
         }
     }
 }
 
 static NOINLINE void score_4(const float *nib, int m, const uint8_t *signs, size_t stride, const float *gain, int n,
-                             float *out, int ld) {
-    score_rows(4, nib, m, signs, stride, gain, n, out, ld);
+                             float *out, int ld, bool add) {
+    score_rows(4, nib, m, signs, stride, gain, n, out, ld, add);
 }
 static NOINLINE void score_1(const float *nib, int m, const uint8_t *signs, size_t stride, const float *gain, int n,
-                             float *out, int ld) {
-    score_rows(1, nib, m, signs, stride, gain, n, out, ld);
+                             float *out, int ld, bool add) {
+    score_rows(1, nib, m, signs, stride, gain, n, out, ld, add);
 }
 
-/* out[r * ld + t] += gain[t] * sum_i s_t,i v_r[i] for r < rows, t < n, from
- * the rows' nibble tables (vq_signs_nibbles: 4 m floats a row). m is a
- * multiple of 4. */
+/* out[r * ld + t] (+)= gain[t] * sum_i s_t,i v_r[i] for r < rows, t < n,
+ * from the rows' nibble tables (vq_signs_nibbles: 4 m floats a row); `add`
+ * adds instead of storing. m is a multiple of 4. */
 void vq_signs_score_avx512(const float *nib, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
-                           int n, float *out, int ld) {
+                           int n, float *out, int ld, bool add) {
     int r = 0;
-    for (; r + 4 <= rows; r += 4) score_4(nib + (size_t)r * 4 * m, m, signs, stride, gain, n, out + (size_t)r * ld, ld);
-    for (; r < rows; r++) score_1(nib + (size_t)r * 4 * m, m, signs, stride, gain, n, out + (size_t)r * ld, ld);
+    for (; r + 4 <= rows; r += 4)
+        score_4(nib + (size_t)r * 4 * m, m, signs, stride, gain, n, out + (size_t)r * ld, ld, add);
+    for (; r < rows; r++) score_1(nib + (size_t)r * 4 * m, m, signs, stride, gain, n, out + (size_t)r * ld, ld, add);
 }
 
 /* The value tables of a step of four tokens 4 u .. 4 u + 3 and row r:
