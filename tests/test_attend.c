@@ -151,6 +151,19 @@ int main(void) {
                     CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
                           specs_k[s], kdims[di], kratios[ri], e);
                 }
+        /* tq-prod's sign sketches (m = d signs a token) at level avx512:
+         * scored 32 tokens a step from nibble tables, summed in runs of 64
+         * and 16 signs (d = 48: 3 runs of 16, 112: one of 64 and three of
+         * 16, 256: two 16-byte chunks a token); 1 row and 4 + 3 x 1 */
+        const char *specs_p[] = {"tq-prod:bits=2,residual=8", "tq-prod:bits=3,residual=8", "tq-prod:bits=4,residual=8"};
+        int pq_dims[] = {48, 64, 112, 256};
+        for (int di = 0; di < 4; di++)
+            for (int ri = 0; ri < 2; ri++)
+                for (int s = 0; s < 3; s++) {
+                    double e = run_case(specs_p[s], 2 * kratios[ri], 2, pq_dims[di], 700, 1, pool, NULL);
+                    CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+                          specs_p[s], pq_dims[di], kratios[ri], e);
+                }
         /* PolarQuant 4/2/2/2 at head dims that are not whole groups of 8
          * coordinate blocks of 16 (the AVX2 kernels' lanes): 3, 4, 5, 6 and
          * 9 blocks; an odd count starts level 4 half-way into a byte */

@@ -316,27 +316,35 @@ static void test_fused(const char *spec, int d, bool value) {
  * bits: tables of S x scored for rows in fours and leftovers, sketch lengths
  * with an odd number of bytes and one longer than the AVX2 accumulation's
  * 1024-sign span, odd token counts; accumulation with a row stride wider
- * than m. Run at every kernel level. */
+ * than m. At level avx512 also the nibble tables (m = 48: three runs of 16
+ * signs in the value sums; 24: a short last 16-byte read) and the value
+ * sums of m a multiple of 16. Run at every kernel level. */
 static void test_signs(void) {
-    const int ms[] = {8, 24, 256, 1032}, rows_list[] = {1, 3, 4, 5, 8};
+    const int ms[] = {8, 24, 48, 256, 1032}, rows_list[] = {1, 3, 4, 5, 8};
     vq_rng rng;
     vq_rng_seed(&rng, 77);
-    for (int a = 0; a < 4; a++)
+    for (int a = 0; a < 5; a++)
         for (int b = 0; b < 5; b++) {
             int m = ms[a], rows = rows_list[b], d = 40, n = 37, ld = 39, sb = m / 8 + 3;
             float *s = random_rows(m, d, false, &rng), *x = random_rows(rows, d, false, &rng);
             float *tab = malloc(sizeof(float) * vq_signs_table_floats(m, rows));
             float *out = malloc(sizeof(float) * (size_t)rows * ld), *gain = malloc(sizeof(float) * n);
             float *w = malloc(sizeof(float) * (size_t)rows * ld), *z = calloc((size_t)rows * (m + 5), sizeof(float));
-            uint8_t *signs = malloc((size_t)n * sb);
+            float *nib = malloc(sizeof(float) * 4 * (size_t)m * rows), *out2 = malloc(sizeof(float) * (size_t)rows * ld);
+            uint8_t *signs = malloc((size_t)n * sb + 15); /* the nibble kernel may read 15 bytes past the last */
             for (int i = 0; i < n * sb; i++) signs[i] = (uint8_t)(vq_rng_next(&rng) >> 56);
             for (int t = 0; t < n; t++) gain[t] = (float)(0.5 + vq_rng_uniform(&rng));
             for (int i = 0; i < rows * ld; i++) {
-                out[i] = 1.0f; /* add mode adds to this */
+                out[i] = out2[i] = 1.0f; /* add mode adds to this */
                 w[i] = (float)vq_rng_uniform(&rng);
             }
             vq_signs_table(s, m, d, x, (size_t)d, rows, tab);
             vq_signs_score(tab, m, rows, signs, (size_t)sb, gain, n, out, ld, true);
+            bool nibbled = vq_signs_nibbled(m);
+            if (nibbled) {
+                vq_signs_nibbles(s, m, d, x, (size_t)d, rows, nib);
+                vq_signs_score_nibbles(nib, m, rows, signs, (size_t)sb, gain, n, out2, ld, true);
+            }
             vq_signs_accum(signs, (size_t)sb, m, gain, n, w, ld, rows, z, (size_t)m + 5);
             double worst_s = 0, worst_z = 0;
             for (int r = 0; r < rows; r++) {
@@ -356,6 +364,7 @@ static void test_signs(void) {
                     }
                     double want = 1.0 + gain[t] * dot;
                     worst_s = fmax(worst_s, fabs(out[r * ld + t] - want) / (gain[t] * sqrt(vn * m)));
+                    if (nibbled) worst_s = fmax(worst_s, fabs(out2[r * ld + t] - want) / (gain[t] * sqrt(vn * m)));
                 }
                 for (int i = 0; i < m; i++) zn += zr[i] * zr[i];
                 for (int i = 0; i < m; i++)
@@ -365,7 +374,7 @@ static void test_signs(void) {
             }
             CHECK(worst_s < 1e-5 && worst_z < 1e-5, "signs m %d rows %d level %s: score error %g, accum error %g", m,
                   rows, vq_cpu_level_name(vq_cpu_level_in_use()), worst_s, worst_z);
-            free(s); free(x); free(tab); free(out); free(gain); free(w); free(z); free(signs);
+            free(s); free(x); free(tab); free(out); free(gain); free(w); free(z); free(signs); free(nib); free(out2);
         }
 }
 

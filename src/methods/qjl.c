@@ -124,15 +124,20 @@ static void qjl_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, 
     }
 }
 
-/* Prepared rows: the sign tables of S q (rotated.h), then the rows of q
+/* Prepared rows: the sign tables of S q (rotated.h; nibble tables where
+ * vq_signs_nibbled, 4 m floats a row instead of 32 m), then the rows of q
  * themselves (d floats each, for the outliers). Built once per attention
- * call, so a key costs m/8 table lookups and adds. */
+ * call, so a key costs m/8 table lookups and adds (m/4 nibble lookups, 16
+ * keys at a time). */
 static size_t qjl_prep_floats(const vq_mparams *p) { return 32 * (size_t)p->sketch + (size_t)p->head_dim; }
+
+static size_t table_floats(int m, int rows) { return vq_signs_nibbled(m) ? 4 * (size_t)m * rows : vq_signs_table_floats(m, rows); }
 
 static void qjl_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim, m = p->sketch;
-    vq_signs_table(p->proj, m, d, q, (size_t)d, rows, prep);
-    memcpy(prep + vq_signs_table_floats(m, rows), q, sizeof(float) * (size_t)rows * d);
+    if (vq_signs_nibbled(m)) vq_signs_nibbles(p->proj, m, d, q, (size_t)d, rows, prep);
+    else vq_signs_table(p->proj, m, d, q, (size_t)d, rows, prep);
+    memcpy(prep + table_floats(m, rows), q, sizeof(float) * (size_t)rows * d);
 }
 
 static size_t qjl_scratch(const vq_mparams *p, int rows) {
@@ -152,9 +157,11 @@ static void qjl_score(const vq_mparams *p, const float *prep, int rows, const ui
         int cnt = n - j0 < 64 ? n - j0 : 64;
         vq_f16_to_f32_array(nrm + t0 + j0, gain, (size_t)cnt);
         for (int j = 0; j < cnt; j++) gain[j] *= SQRT_HALF_PI / (float)m;
-        vq_signs_score(prep, m, rows, blk + (size_t)(t0 + j0) * sb, sb, gain, cnt, logits + j0, ld, false);
+        if (vq_signs_nibbled(m))
+            vq_signs_score_nibbles(prep, m, rows, blk + (size_t)(t0 + j0) * sb, sb, gain, cnt, logits + j0, ld, false);
+        else vq_signs_score(prep, m, rows, blk + (size_t)(t0 + j0) * sb, sb, gain, cnt, logits + j0, ld, false);
     }
-    const float *q = prep + vq_signs_table_floats(m, rows);
+    const float *q = prep + table_floats(m, rows);
     for (int j = 0; K && j < n; j++) {
         const uint16_t *pairs = outlier_pairs(p, blk, bt, t0 + j);
         for (int r = 0; r < rows; r++) {

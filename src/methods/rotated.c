@@ -22,6 +22,11 @@ void vq_signs_score2_avx2(const float *tab_a, const float *tab_b, int m, int row
                           size_t stride, const float *ga, const float *gb, int n, float *out, int ld);
 void vq_signs_accum_avx2(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
                          int rows, float *z, size_t z_stride);
+/* kernels/cpu/signs_avx512.c */
+void vq_signs_score_avx512(const float *nib, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
+                           int n, float *out, int ld, bool add);
+void vq_signs_accum_avx512(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w,
+                           int ld, int rows, float *z, size_t z_stride);
 void vq_dot4_avx2(const float *a, const float *x, size_t xs, int n, float *out);
 void vq_project_transpose_add_avx2(const float *s, int m, int d, const float *y, float *x);
 /* kernels/cpu/rotated_avx2.c */
@@ -167,9 +172,10 @@ void vq_codes_signs_score(const vq_code_part *parts, int nparts, const vq_sign_p
     int done = 0;
 #if defined(__x86_64__)
     /* where the AVX-512 codes kernel covers the parts, it and then the sign
-     * tables measured faster than the AVX2 single pass (before
-     * prod_avx512.c: tq-prod 3-bit 32.1 -> 28.4 ns per (token, kv head) in
-     * cache, 4-bit 36.4 -> 30.5) */
+     * tables measured faster than the AVX2 single pass (tq-prod 3-bit 32.1
+     * -> 28.4 ns per (token, kv head) in cache, 4-bit 36.4 -> 30.5; tq-prod
+     * now scores its signs from nibble tables at that level, see
+     * turboquant_prod.c) */
     if (vq_cpu_has_avx512() && vq_codes_score_avx512(parts, nparts, codes, cb, norms, n, q, d, rows, logits, ld, scratch)) {
         vq_signs_score(sp->tab, sp->m, rows, codes + sp->off, cb, sp->gain, n, logits, ld, true);
         return;
@@ -295,6 +301,43 @@ void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_strid
     }
 }
 
+bool vq_signs_nibbled(int m) {
+#if defined(__x86_64__)
+    return vq_cpu_has_avx512() && m % 4 == 0;
+#else
+    (void)m;
+    return false;
+#endif
+}
+
+void vq_signs_score_nibbles(const float *nib, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
+                            int n, float *out, int ld, bool add) {
+#if defined(__x86_64__)
+    vq_signs_score_avx512(nib, m, rows, signs, stride, gain, n, out, ld, add);
+#else
+    (void)nib, (void)m, (void)rows, (void)signs, (void)stride, (void)gain, (void)n, (void)out, (void)ld, (void)add;
+#endif
+}
+
+/* S x of each row goes into the first m floats of its 4 m, then the
+ * tables are written back to front: table j (floats 16 j ..) is made
+ * from floats 4 j .. 4 j + 3 and overwrites only those of tables after
+ * it, except table 0, which is made from a copy. */
+void vq_signs_nibbles(const float *s, int m, int d, const float *x, size_t x_stride, int rows, float *nib) {
+    vq_project_rows(s, m, d, x, x_stride, rows, nib, (size_t)4 * m);
+    for (int r = 0; r < rows; r++) {
+        float *t = nib + (size_t)r * 4 * m;
+        for (int j = m / 4 - 1; j >= 0; j--) {
+            float v[4] = {t[4 * j], t[4 * j + 1], t[4 * j + 2], t[4 * j + 3]};
+            for (int x4 = 0; x4 < 16; x4++) {
+                float sum = 0;
+                for (int b = 0; b < 4; b++) sum += (x4 >> b & 1) ? v[b] : -v[b];
+                t[16 * j + x4] = sum;
+            }
+        }
+    }
+}
+
 /* Code byte k holds channels k + j d/8, j = 0..7 (pack.h). Its nibbles'
  * sums sum_j x_j levels[bit j] of w rows go to lo and hi ([16][w]), then
  * entry b = lo[b & 15] + hi[b >> 4]. */
@@ -355,6 +398,10 @@ void vq_signs_score2(const float *tab_a, const float *tab_b, int m, int rows, co
 void vq_signs_accum(const uint8_t *signs, size_t stride, int m, const float *gain, int n, const float *w, int ld,
                     int rows, float *z, size_t z_stride) {
 #if defined(__x86_64__)
+    if (vq_cpu_has_avx512() && m % 16 == 0) {
+        vq_signs_accum_avx512(signs, stride, m, gain, n, w, ld, rows, z, z_stride);
+        return;
+    }
     if (vq_cpu_has_avx2()) {
         vq_signs_accum_avx2(signs, stride, m, gain, n, w, ld, rows, z, z_stride);
         return;

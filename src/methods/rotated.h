@@ -92,13 +92,29 @@ void vq_codes_signs_score(const vq_code_part *parts, int nparts, const vq_sign_p
  * floats (64 KB for four rows at m = 128, 128 KB at m = 256: L2, not L1;
  * nibble tables at 4 m floats fit L1 but take twice the lookups and the
  * nibble extraction, and measured 5-14 % slower for tq-prod and qjl in
- * cache). Rows are interleaved in fours (entry (k, b) of rows 4a..4a+3 side
- * by side: one 16-byte load serves four rows); the leftover rows each have
- * a plain table after them. m is a multiple of 8. */
+ * cache with the AVX2 kernels, which look entries up one at a time). Rows
+ * are interleaved in fours (entry (k, b) of rows 4a..4a+3 side by side: one
+ * 16-byte load serves four rows); the leftover rows each have a plain
+ * table after them. m is a multiple of 8. */
 static inline size_t vq_signs_table_floats(int m, int rows) { return (size_t)32 * (size_t)m * (size_t)rows; }
 /* The tables of v = S x for `rows` vectors x (d floats each, x_stride
  * apart) and the m x d row-major S; S x is never stored whole. */
 void vq_signs_table(const float *s, int m, int d, const float *x, size_t x_stride, int rows, float *tab);
+/* Whether sketches of m signs are scored from nibble tables instead
+ * (vq_signs_nibbles, vq_signs_score_nibbles): at level avx512, m a multiple
+ * of 4. The AVX-512 kernel (kernels/cpu/signs_avx512.c) looks up 16
+ * tokens' nibbles at once with vpermps. */
+bool vq_signs_nibbled(int m);
+/* The nibble tables of v = S x: table j of a row (16 floats) holds
+ * sum_{b < 4} (bit b of x ? v : -v)[4 j + b] for each nibble x; 4 m floats
+ * a row, rows 4 m apart. */
+void vq_signs_nibbles(const float *s, int m, int d, const float *x, size_t x_stride, int rows, float *nib);
+/* vq_signs_score from vq_signs_nibbles' tables; only where
+ * vq_signs_nibbled(m). Reads whole 16-byte pieces of each sketch: up to 15
+ * bytes past the last one's end must be readable (in a block, its next
+ * part). */
+void vq_signs_score_nibbles(const float *nib, int m, int rows, const uint8_t *signs, size_t stride, const float *gain,
+                            int n, float *out, int ld, bool add);
 /* 1-bit packed codes (pack.h) scored the same way: tables in
  * vq_signs_table's layout whose entry (k, b) holds sum_j x[channel] *
  * levels[code] over the 8 codes a byte value b at byte k holds, so

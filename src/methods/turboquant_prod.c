@@ -20,22 +20,14 @@
  * rotated domain and the sign part in the sketch domain, side by side in a
  * 2 d accumulator row; finish_rows adds S^T of the sign part and applies
  * R^T, d^2 work per output row and attention call. At the avx512 level
- * (d a multiple of 128) prep_query gives 2 S R q and
- * its sums instead of the tables, and kernels/cpu/prod_avx512.c takes the
- * signs as mask registers. */
+ * (nibble_signs) the signs are scored from nibble tables instead, 16
+ * tokens a vector, after the codes kernel. */
 #include "pack.h"
 #include "rotated.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-/* AVX-512 kernels (kernels/cpu/prod_avx512.c). */
-void vq_prod_score_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits, const float *levels, int d,
-                          const float *len, const float *gain, int n, const float *rq, const float *v2,
-                          const float *vsum, int rows, float *logits, int ld, float *scratch);
-void vq_prod_accum_avx512(const uint8_t *codes, size_t cb, size_t soff, int bits, const float *levels, int d,
-                          const float *len, const float *gain, int n, const float *w, int ld, int rows, float *acc);
 
 static const char NAME[] = "tq-prod";
 static const float SQRT_HALF_PI = 1.2533141373155003f;
@@ -131,35 +123,23 @@ static void prod_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0,
     }
 }
 
-/* Whether attention runs the AVX-512 kernels: head dims that are multiples
- * of 128, or multiples of 16 below 128 (their 3-bit codes' 1-bit planes,
- * at most 16 bytes, take one byte shuffle). They score the signs with
- * masked adds of 2 S R q (no tables), so the prepared rows differ. */
-static bool avx512_kernels(const vq_mparams *p) {
-#if defined(__x86_64__)
-    int d = p->head_dim;
-    /* 1-bit codes of 8 bytes or fewer (bits=2 at d = 48, 64): the AVX2
-     * kernels' pair tables measured faster (19.6 against 17.4-18.4 ns) */
-    return vq_cpu_has_avx512() && (d % 128 == 0 || (d % 16 == 0 && d < 128 && (p->bits > 2 || d > 64)));
-#else
-    (void)p;
-    return false;
-#endif
-}
+/* Whether the signs are scored from nibble tables (vq_signs_nibbled; else
+ * from byte tables, vq_signs_table); the prepared rows differ. */
+static bool nibble_signs(const vq_mparams *p) { return vq_signs_nibbled(p->head_dim); }
 
 /* Whether the keys' codes part is scored from byte tables (vq_codes_table)
  * rather than by the codes kernel; then the prepared rows hold their tables
  * too. Only for 1-bit codes (bits=2): 64 KB for four rows at d = 128. The
  * 2-bit codes' tables (128 KB, besides the signs' 64 KB) measured slower
  * than the codes kernel in cache (tq-prod 3-bit 68.5 -> 71.4 ns), the
- * 1-bit ones faster (68.1 -> 60.7 ns). Not used by the AVX-512 kernels
- * (avx512_kernels), which take 1-bit codes as masks. */
-static bool codes_tabled(const vq_mparams *p) { return p->bits == 2; }
+ * 1-bit ones faster (68.1 -> 60.7 ns). Not with nibble_signs, where the
+ * codes kernel scores them. */
+static bool codes_tabled(const vq_mparams *p) { return p->bits == 2 && !nibble_signs(p); }
 
 /* Prepared rows: the sign tables of S R q (rotated.h), then the rows of
  * R q (d floats each), then (codes_tabled) the byte tables of the codes.
- * For the AVX-512 kernels: the rows of 2 S R q, then those of R q, then
- * sum_i (S R q)_i per row (fewer floats than the tables). */
+ * With nibble_signs: the nibble tables (4 d floats a row, fewer than the
+ * byte tables' 32 d), then the rows of R q. */
 static size_t prod_prep_floats(const vq_mparams *p) {
     size_t codes = codes_tabled(p) ? vq_signs_table_floats(8 * (int)mse_bytes(p), 1) : 0;
     return vq_signs_table_floats(p->head_dim, 1) + (size_t)p->head_dim + codes;
@@ -167,18 +147,10 @@ static size_t prod_prep_floats(const vq_mparams *p) {
 
 static void prod_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim;
-    if (avx512_kernels(p)) {
-        float *v2 = prep, *rq = prep + (size_t)rows * d, *vsum = rq + (size_t)rows * d;
+    if (nibble_signs(p)) {
+        float *rq = prep + (size_t)rows * 4 * d;
         for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, rq + (size_t)r * d);
-        vq_project_rows(p->proj, d, d, rq, (size_t)d, rows, v2, (size_t)d);
-        for (int r = 0; r < rows; r++) {
-            float *v = v2 + (size_t)r * d, s = 0;
-            for (int i = 0; i < d; i++) {
-                s += v[i];
-                v[i] *= 2.0f;
-            }
-            vsum[r] = s;
-        }
+        vq_signs_nibbles(p->proj, d, d, rq, (size_t)d, rows, prep);
         return;
     }
     float *rq = prep + vq_signs_table_floats(d, rows);
@@ -218,8 +190,8 @@ static void prod_score(const vq_mparams *p, const float *prep, int rows, const u
     size_t tb = token_bytes(p), mb = mse_bytes(p);
     const uint16_t *nrm = meta(p, blk, bt), *gam = nrm + bt;
     vq_code_part part = mse_part(p);
-    bool wide = avx512_kernels(p);
-    const float *rq = prep + (wide ? (size_t)rows * d : vq_signs_table_floats(d, rows));
+    bool nib = nibble_signs(p);
+    const float *rq = prep + (nib ? (size_t)rows * 4 * d : vq_signs_table_floats(d, rows));
     float gain[64], len[64];
     for (int j0 = 0; j0 < n; j0 += 64) {
         int cnt = n - j0 < 64 ? n - j0 : 64;
@@ -227,9 +199,9 @@ static void prod_score(const vq_mparams *p, const float *prep, int rows, const u
         vq_f16_to_f32_array(nrm + t0 + j0, len, (size_t)cnt);
         vq_f16_to_f32_array(gam + t0 + j0, gain, (size_t)cnt);
         for (int j = 0; j < cnt; j++) gain[j] = len[j] * (SQRT_HALF_PI / (float)d * gain[j]);
-        if (wide) {
-            vq_prod_score_avx512(src, tb, mb, p->bits - 1, p->cb[0]->centroid, d, len, gain, cnt, rq, prep,
-                                 rq + (size_t)rows * d, rows, logits + j0, ld, scratch);
+        if (nib) { /* the codes, then the signs added */
+            vq_codes_score(&part, 1, src, tb, nrm + t0 + j0, cnt, rq, d, rows, logits + j0, ld, scratch);
+            vq_signs_score_nibbles(prep, d, rows, src + mb, tb, gain, cnt, logits + j0, ld, true);
         } else if (codes_tabled(p)) { /* both sketches (8 mb = d signs each) in one pass */
             vq_signs_score2(rq + (size_t)rows * d, prep, d, rows, src, mb, tb, len, gain, cnt, logits + j0, ld);
         } else { /* the codes and the signs in one pass */
@@ -247,19 +219,13 @@ static void prod_accum(const vq_mparams *p, const float *w, int ld, int rows, co
     size_t tb = token_bytes(p), mb = mse_bytes(p);
     const uint16_t *nrm = meta(p, blk, bt), *gam = nrm + bt;
     vq_code_part part = mse_part(p);
-    bool wide = avx512_kernels(p);
-    if (!wide) vq_codes_accum(&part, 1, blk + (size_t)t0 * tb, tb, nrm + t0, n, w, ld, rows, acc, 2 * d, scratch);
+    vq_codes_accum(&part, 1, blk + (size_t)t0 * tb, tb, nrm + t0, n, w, ld, rows, acc, 2 * d, scratch);
     float gain[64], len[64];
     for (int j0 = 0; j0 < n; j0 += 64) {
         int cnt = n - j0 < 64 ? n - j0 : 64;
         vq_f16_to_f32_array(nrm + t0 + j0, len, (size_t)cnt);
         vq_f16_to_f32_array(gam + t0 + j0, gain, (size_t)cnt);
         for (int j = 0; j < cnt; j++) gain[j] = len[j] * (SQRT_HALF_PI / (float)d * gain[j]);
-        if (wide) {
-            vq_prod_accum_avx512(blk + (size_t)(t0 + j0) * tb, tb, mb, p->bits - 1, p->cb[0]->centroid, d, len, gain,
-                                 cnt, w + j0, ld, rows, acc);
-            continue;
-        }
         vq_signs_accum(blk + (size_t)(t0 + j0) * tb + mb, tb, d, gain, cnt, w + j0, ld, rows, acc + d, 2 * (size_t)d);
     }
 }

@@ -1,7 +1,6 @@
 /* The 1-bit plane bytes of a run of 3-bit codes, for the kernels whose
  * 1-bit plane slots are not whole runs (rotated_avx2.c, rotated_avx512.c,
- * prod_avx512.c, kivi_avx512.c). Included by files built with AVX2 or
- * AVX-512 flags. */
+ * kivi_avx512.c). Included by files built with AVX2 or AVX-512 flags. */
 #ifndef VQ_HIGH_BYTES_H
 #define VQ_HIGH_BYTES_H
 

@@ -1,5 +1,5 @@
 /* AVX-512 attention kernels of the rotation methods (tq-mse, rvq, and the
- * values of tq-prod): scores and value sums straight from the packed codes
+ * codes of tq-prod): scores and value sums straight from the packed codes
  * (methods/rotated.h, vq_codes_score / vq_codes_accum) at CPU level avx512.
  * Built with the AVX-512 flags of the other *_avx512.c files and only
  * called at that level; shapes they do not cover go to the AVX2 kernels
