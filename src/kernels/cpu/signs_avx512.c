@@ -5,12 +5,12 @@
  * called at the avx512 CPU level. A sketch of m signs lies in m / 8 bytes,
  * sign i at bit i % 8 of byte i / 8, +1 where set.
  *
- * Both replace a form with one masked add per (token, row, 16 signs):
- * Zen 5 issued those masked adds about one a cycle, and for tq-prod 4-bit
- * at d = 128 they cost about 5 ns per (token, kv head) in the key scores
- * and 6 ns in the value sums, in cache. Here 16 signs of a (token, row)
- * cost a quarter of a vpermps and of an add, plus the index work that the
- * rows share. */
+ * Both replace a form with one masked add per (token, row, 16 signs),
+ * which for tq-prod 4-bit at d = 128 cost about 5 ns per (token, kv head)
+ * in the key scores and 6 ns in the value sums, in cache (Zen 5: about 20
+ * cycles for a token's 32 masked adds of 4 rows). Here 16 signs of a
+ * (token, row) cost a quarter of a vpermps and of an add, plus the index
+ * work that the rows share. */
 #include "vq_internal.h"
 
 #include <immintrin.h>
