@@ -113,19 +113,26 @@ static ALWAYS_INLINE void leaf_pair(const trig16 *tr, __m512i l1, __m512 parent,
     *v1 = _mm512_mul_ps(parent, _mm512_permutexvar_ps(idx, tr->s1));
 }
 
+/* q's 8 or 16 floats at p as a register of T tokens: the 8 blocks in both
+ * halves (T = 2), the first 4 in the four quarters (T = 4), or already
+ * spread to three tokens' lanes (T = 3, 16 floats, see spread_q). */
+static ALWAYS_INLINE __m512 q_lanes(const float *p, const int T) {
+    if (T == 4) return _mm512_broadcast_f32x4(_mm_loadu_ps(p));
+    if (T == 3) return _mm512_loadu_ps(p);
+    return both_halves(p);
+}
+
 /* acc[r + 4 (i & 1)] += q_r . v for coordinates i = 2j, 2j + 1 of level-1
- * node j (polar_avx2.c's score_node). qg: the lane group's q, [i][r][8];
- * its 8 blocks go to both halves for T = 2 tokens a register, its first 4
- * to the four quarters for T = 4 (d <= 64). */
+ * node j (polar_avx2.c's score_node). qg: the lane group's q, [i][r][8]
+ * ([i][r][16] for T = 3), see q_lanes. */
 static ALWAYS_INLINE void score_node(const trig16 *tr, const codes16 *x, __m512 parent, int j, const float *qg,
                                      const int R, const int T, __m512 *acc) {
     __m512 v0, v1;
     leaf_pair(tr, x->l1, parent, j, &v0, &v1);
+    const int w = T == 3 ? 16 : 8;
     for (int r = 0; r < R; r++) {
-        const float *q0 = qg + ((2 * j) * R + r) * 8, *q1 = qg + ((2 * j + 1) * R + r) * 8;
-        acc[r] = _mm512_fmadd_ps(T == 4 ? _mm512_broadcast_f32x4(_mm_loadu_ps(q0)) : both_halves(q0), v0, acc[r]);
-        acc[r + 4] =
-            _mm512_fmadd_ps(T == 4 ? _mm512_broadcast_f32x4(_mm_loadu_ps(q1)) : both_halves(q1), v1, acc[r + 4]);
+        acc[r] = _mm512_fmadd_ps(q_lanes(qg + ((2 * j) * R + r) * w, T), v0, acc[r]);
+        acc[r + 4] = _mm512_fmadd_ps(q_lanes(qg + ((2 * j + 1) * R + r) * w, T), v1, acc[r + 4]);
     }
 }
 
@@ -291,6 +298,122 @@ static ALWAYS_INLINE void score_rows_q(const trig16 *tr, const uint16_t *rad, co
     }
 }
 
+/* ---------------------------------------- three tokens a register, d = 80 */
+
+/* At d = 80 a lane group holds 5 coordinate blocks, so two tokens a
+ * register fill 10 of its 16 lanes (28.0 ns per token and kv head in
+ * cache, against 22.8 for this form). There lanes 5 k .. 5 k + 4 hold the
+ * blocks of token k of three; lane 15 (radius 0) is never summed.
+ * q's rows are spread to the same lanes once a call (spread_q). Tokens
+ * past the count repeat the last one: their logits are not stored, their
+ * weights are 0. */
+
+/* Lane j gets lane j + k mod 16 (valignd: the shift is an immediate). */
+static ALWAYS_INLINE __m512 rotate_lanes(__m512 v, const int k) {
+    __m512i x = _mm512_castps_si512(v);
+    return _mm512_castsi512_ps(_mm512_alignr_epi32(x, x, k));
+}
+
+/* Lane 5 k + i gets element k (lane 15: element 3). */
+static ALWAYS_INLINE __m512i spread3(void) { return _mm512_setr_epi32(0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3); }
+
+/* Lane 5 k + i gets element i (lane 15: element 5). */
+static ALWAYS_INLINE __m512i blocks3(void) { return _mm512_setr_epi32(0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5); }
+
+/* Three 32-bit words of memory (lane 3: 0), built in registers. */
+static ALWAYS_INLINE __m128i words3(const uint8_t *const *tk, int off) {
+    int32_t w[3];
+    for (int k = 0; k < 3; k++) memcpy(&w[k], tk[k] + off, sizeof w[k]);
+    __m128i v = _mm_cvtsi32_si128(w[0]);
+    v = _mm_insert_epi32(v, w[1], 1);
+    return _mm_insert_epi32(v, w[2], 2);
+}
+
+/* The codes of three tokens of 5 blocks (28 bytes each). Like the two-token
+ * loads, the 32-byte read of level 1 and the words of levels 3 and 4 pass a
+ * token's end by up to 4 bytes: into the next token, or for a block's last
+ * token into what follows in the block. */
+static ALWAYS_INLINE codes16 load_codes_t(const uint8_t *const *tk) {
+    codes16 x;
+    const __m512i i01 = _mm512_setr_epi32(0, 1, 2, 3, 4, 16, 17, 18, 19, 20, 0, 0, 0, 0, 0, 0);
+    const __m512i i2 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 18, 19, 20, 0);
+    __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)tk[0]));
+    __m512i b = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)tk[1]));
+    __m512i c = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)tk[2]));
+    x.l1 = _mm512_permutex2var_epi32(_mm512_permutex2var_epi32(a, i01, b), i2, c);
+    /* level 2: a byte a block from byte 20 */
+    const __m128i c01 = _mm_setr_epi8(0, 1, 2, 3, 4, 8, 9, 10, 11, 12, -1, -1, -1, -1, -1, -1);
+    const __m128i c2 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 2, 3, 4, -1);
+    __m128i b01 = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(tk[0] + 20)),
+                                     _mm_loadl_epi64((const __m128i *)(tk[1] + 20)));
+    __m128i b2 = _mm_loadl_epi64((const __m128i *)(tk[2] + 20));
+    x.l2 = _mm512_cvtepu8_epi32(_mm_or_si128(_mm_shuffle_epi8(b01, c01), _mm_shuffle_epi8(b2, c2)));
+    /* level 3 from byte 25, level 4 from bit 220 (byte 27, bit 4) */
+    const __m512i sh3 = _mm512_setr_epi32(0, 4, 8, 12, 16, 0, 4, 8, 12, 16, 0, 4, 8, 12, 16, 0);
+    const __m512i sh4 = _mm512_setr_epi32(0, 2, 4, 6, 8, 0, 2, 4, 6, 8, 0, 2, 4, 6, 8, 0);
+    x.l3 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread3(), _mm512_castsi128_si512(words3(tk, 25))), sh3);
+    __m128i u4 = _mm_srli_epi32(words3(tk, 27), 4);
+    x.l4 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread3(), _mm512_castsi128_si512(u4)), sh4);
+    return x;
+}
+
+/* The radii of three tokens (token indices tk, 5 halves each); lane 15 0. */
+static ALWAYS_INLINE __m512 load_rad_t(const uint16_t *rad, const int *tk) {
+    const __mmask8 m = 0x1F;
+    __m256i r01 = _mm256_set_m128i(_mm_maskz_loadu_epi16(m, rad + (size_t)tk[1] * 5),
+                                   _mm_maskz_loadu_epi16(m, rad + (size_t)tk[0] * 5));
+    __m256i r2 = _mm256_castsi128_si256(_mm_maskz_loadu_epi16(m, rad + (size_t)tk[2] * 5));
+    const __m256i idx = _mm256_setr_epi16(0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 16, 17, 18, 19, 20, 5);
+    return _mm512_cvtph_ps(_mm256_permutex2var_epi16(r01, idx, r2));
+}
+
+/* The three tokens from t (the last one repeated past n). */
+static ALWAYS_INLINE void triple_tokens(const uint8_t *codes, size_t cb, int t, int n, int *tk, const uint8_t **ck) {
+    for (int k = 0; k < 3; k++) {
+        tk[k] = t + k < n ? t + k : n - 1;
+        ck[k] = codes + (size_t)tk[k] * cb;
+    }
+}
+
+/* R rows of prepared q (lane group 0, [i][r][8]) spread to the three
+ * tokens' lanes: qs[(i R + r) 16 + 5 k + b] = block b of coordinate i;
+ * lane 15 gets block 5, which the prepared rows pad with 0. */
+static void spread_q(const float *q, const int R, float *qs) {
+    for (int i = 0; i < 16 * R; i++)
+        _mm512_storeu_ps(qs + 16 * i, _mm512_permutexvar_ps(blocks3(), _mm512_castps256_ps512(_mm256_loadu_ps(q + 8 * i))));
+}
+
+static ALWAYS_INLINE void score_rows_t(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int n,
+                                       const float *qs, const int R, float *logits, int ld) {
+    for (int t = 0; t < n; t += 3) {
+        int tk[3];
+        const uint8_t *ck[3];
+        triple_tokens(codes, cb, t, n, tk, ck);
+        codes16 x = load_codes_t(ck);
+        __m512 acc[8], a3[4];
+        for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
+        top_levels(tr, &x, load_rad_t(rad, tk), a3);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            __m512 p0, p1;
+            level2(tr, &x, a3[j], j, &p0, &p1);
+            score_node(tr, &x, p0, 2 * j, qs, R, 3, acc);
+            score_node(tr, &x, p1, 2 * j + 1, qs, R, 3, acc);
+        }
+        const int cnt = n - t < 3 ? n - t : 3;
+        for (int r = 0; r < R; r++) {
+            /* lane 5 k: the sum of lanes 5 k .. 5 k + 4 (rotations by an
+             * immediate: no index vectors held in registers) */
+            __m512 s = _mm512_add_ps(acc[r], acc[r + 4]);
+            __m512 u = _mm512_add_ps(s, rotate_lanes(s, 1));
+            u = _mm512_add_ps(u, rotate_lanes(u, 2));
+            u = _mm512_add_ps(u, rotate_lanes(s, 4));
+            _mm_mask_storeu_ps(logits + (size_t)r * ld + t, (__mmask8)((1u << cnt) - 1),
+                               _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x0421, u)));
+        }
+    }
+}
+
 void vq_polar_score_avx512(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
                            size_t cb, int d, int n, const float *q, int rows, float *logits, int ld) {
     trig16 tr = load_trig(cs, sn);
@@ -300,6 +423,18 @@ void vq_polar_score_avx512(const float cs[][16], const float sn[][16], const uin
     if (d <= 64) { /* four tokens a register */
         for (; r + 4 <= rows; r += 4) score_rows_q(&tr, rad, codes, cb, d, n, q + r * w, 4, logits + (size_t)r * ld, ld);
         for (; r < rows; r++) score_rows_q(&tr, rad, codes, cb, d, n, q + r * w, 1, logits + (size_t)r * ld, ld);
+        return;
+    }
+    if (d == 80) { /* three tokens a register */
+        float qs[16 * 4 * 16];
+        for (; r + 4 <= rows; r += 4) {
+            spread_q(q + r * w, 4, qs);
+            score_rows_t(&tr, rad, codes, cb, n, qs, 4, logits + (size_t)r * ld, ld);
+        }
+        for (; r < rows; r++) {
+            spread_q(q + r * w, 1, qs);
+            score_rows_t(&tr, rad, codes, cb, n, qs, 1, logits + (size_t)r * ld, ld);
+        }
         return;
     }
     for (; r + 4 <= rows; r += 4) {
@@ -353,6 +488,13 @@ static ALWAYS_INLINE void accum_node(const trig16 *tr, const __m512 *par, const 
         for (int h = 0; h < 2; h++) {
             if (T == 2) {
                 _mm256_storeu_ps(o + 8 * h, _mm256_add_ps(_mm256_loadu_ps(o + 8 * h), vq_fold512(a[2 * r + h])));
+            } else if (T == 3) {
+                /* lanes 0-4: the three tokens' block sums; blocks 5-7 are
+                 * padding, kept at 0 as the other forms keep them */
+                __m512 v = a[2 * r + h];
+                v = _mm512_add_ps(_mm512_add_ps(v, rotate_lanes(v, 5)), rotate_lanes(v, 10));
+                __m256 f = _mm256_maskz_mov_ps(0x1F, _mm512_castps512_ps256(v));
+                _mm256_storeu_ps(o + 8 * h, _mm256_add_ps(_mm256_loadu_ps(o + 8 * h), f));
             } else {
                 __m512 v = _mm512_add_ps(a[2 * r + h], _mm512_shuffle_f32x4(a[2 * r + h], a[2 * r + h], 0x4E));
                 v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
@@ -425,6 +567,42 @@ static ALWAYS_INLINE void accum_rows_q(const trig16 *tr, const uint16_t *rad, co
     }
 }
 
+/* parents for three tokens a register (d = 80): triples [0, nt) of tokens
+ * [0, cnt). */
+static ALWAYS_INLINE void parents_t(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int cnt,
+                                    __m512 *par, __m512i *l1) {
+    for (int t = 0; t < cnt; t += 3) {
+        int tk[3];
+        const uint8_t *ck[3];
+        triple_tokens(codes, cb, t, cnt, tk, ck);
+        codes16 x = load_codes_t(ck);
+        __m512 a3[4], *pt = par + 8 * (t / 3);
+        top_levels(tr, &x, load_rad_t(rad, tk), a3);
+        for (int j = 0; j < 4; j++) level2(tr, &x, a3[j], j, &pt[2 * j], &pt[2 * j + 1]);
+        l1[t / 3] = x.l1;
+    }
+}
+
+/* accum_rows for d = 80, VPAIRS triples (3 VPAIRS tokens) a pass. */
+static ALWAYS_INLINE void accum_rows_t(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int n,
+                                       const float *w, int ld, const int R, float *acc, int aw) {
+    __m512 par[8 * VPAIRS], wt[4 * VPAIRS];
+    __m512i l1[VPAIRS];
+    for (int t0 = 0; t0 < n; t0 += 3 * VPAIRS) {
+        const int cnt = n - t0 < 3 * VPAIRS ? n - t0 : 3 * VPAIRS, nt = (cnt + 2) / 3;
+        for (int r = 0; r < R; r++)
+            for (int p = 0; p < nt; p++) {
+                /* tokens past cnt (repeats of the last) weigh 0; lane 15 gets element 3, 0 */
+                const int left = cnt - 3 * p;
+                const __mmask8 m = (__mmask8)(left >= 3 ? 0x7 : (1u << left) - 1);
+                __m128 wv = _mm_maskz_loadu_ps(m, w + (size_t)r * ld + t0 + 3 * p);
+                wt[r * VPAIRS + p] = _mm512_permutexvar_ps(spread3(), _mm512_castps128_ps512(wv));
+            }
+        parents_t(tr, rad + (size_t)t0 * 5, codes + (size_t)t0 * cb, cb, cnt, par, l1);
+        for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, nt, wt, R, 3, acc, aw);
+    }
+}
+
 void vq_polar_accum_avx512(const float cs[][16], const float sn[][16], const uint16_t *rad, const uint8_t *codes,
                            size_t cb, int d, int n, const float *w, int ld, int rows, float *acc) {
     trig16 tr = load_trig(cs, sn);
@@ -434,6 +612,12 @@ void vq_polar_accum_avx512(const float cs[][16], const float sn[][16], const uin
         for (; r + 4 <= rows; r += 4)
             accum_rows_q(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, acc + r * aw, (int)aw);
         for (; r < rows; r++) accum_rows_q(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, acc + r * aw, (int)aw);
+        return;
+    }
+    if (d == 80) { /* three tokens a register */
+        for (; r + 4 <= rows; r += 4)
+            accum_rows_t(&tr, rad, codes, cb, n, w + (size_t)r * ld, ld, 4, acc + r * aw, (int)aw);
+        for (; r < rows; r++) accum_rows_t(&tr, rad, codes, cb, n, w + (size_t)r * ld, ld, 1, acc + r * aw, (int)aw);
         return;
     }
     for (; r + 4 <= rows; r += 4)
