@@ -131,7 +131,9 @@ static void qjl_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, 
  * keys at a time). */
 static size_t qjl_prep_floats(const vq_mparams *p) { return 32 * (size_t)p->sketch + (size_t)p->head_dim; }
 
-static size_t table_floats(int m, int rows) { return vq_signs_nibbled(m) ? 4 * (size_t)m * rows : vq_signs_table_floats(m, rows); }
+static size_t table_floats(int m, int rows) {
+    return vq_signs_nibbled(m) ? 4 * (size_t)m * (size_t)rows : vq_signs_table_floats(m, rows);
+}
 
 static void qjl_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim, m = p->sketch;

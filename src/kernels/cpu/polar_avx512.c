@@ -380,7 +380,8 @@ static ALWAYS_INLINE void triple_tokens(const uint8_t *codes, size_t cb, int t, 
  * lane 15 gets block 5, which the prepared rows pad with 0. */
 static void spread_q(const float *q, const int R, float *qs) {
     for (int i = 0; i < 16 * R; i++)
-        _mm512_storeu_ps(qs + 16 * i, _mm512_permutexvar_ps(blocks3(), _mm512_castps256_ps512(_mm256_loadu_ps(q + 8 * i))));
+        _mm512_storeu_ps(qs + 16 * i,
+                         _mm512_permutexvar_ps(blocks3(), _mm512_castps256_ps512(_mm256_loadu_ps(q + 8 * i))));
 }
 
 static ALWAYS_INLINE void score_rows_t(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int n,
