@@ -132,7 +132,7 @@ static void qjl_decode(const vq_mparams *p, const uint8_t *blk, int bt, int t0, 
 static size_t qjl_prep_floats(const vq_mparams *p) { return 32 * (size_t)p->sketch + (size_t)p->head_dim; }
 
 static size_t table_floats(int m, int rows) {
-    return vq_signs_nibbled(m) ? 4 * (size_t)m * (size_t)rows : vq_signs_table_floats(m, rows);
+    return vq_signs_nibbled(m) ? vq_signs_nibbles_floats(m, rows) : vq_signs_table_floats(m, rows);
 }
 
 static void qjl_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {

@@ -108,6 +108,7 @@ bool vq_signs_nibbled(int m);
 /* The nibble tables of v = S x: table j of a row (16 floats) holds
  * sum_{b < 4} (bit b of x ? v : -v)[4 j + b] for each nibble x; 4 m floats
  * a row, rows 4 m apart. */
+static inline size_t vq_signs_nibbles_floats(int m, int rows) { return (size_t)4 * (size_t)m * (size_t)rows; }
 void vq_signs_nibbles(const float *s, int m, int d, const float *x, size_t x_stride, int rows, float *nib);
 /* vq_signs_score from vq_signs_nibbles' tables; only where
  * vq_signs_nibbled(m). Reads whole 16-byte pieces of each sketch: up to 15

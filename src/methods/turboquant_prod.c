@@ -147,14 +147,13 @@ static size_t prod_prep_floats(const vq_mparams *p) {
 
 static void prod_prep_query(const vq_mparams *p, const float *q, int rows, float *prep) {
     int d = p->head_dim;
-    if (nibble_signs(p)) {
-        float *rq = prep + (size_t)rows * 4 * d;
-        for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, rq + (size_t)r * d);
+    bool nib = nibble_signs(p);
+    float *rq = prep + (nib ? vq_signs_nibbles_floats(d, rows) : vq_signs_table_floats(d, rows));
+    for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, rq + (size_t)r * d);
+    if (nib) {
         vq_signs_nibbles(p->proj, d, d, rq, (size_t)d, rows, prep);
         return;
     }
-    float *rq = prep + vq_signs_table_floats(d, rows);
-    for (int r = 0; r < rows; r++) vq_rotate(p->rot, q + (size_t)r * d, rq + (size_t)r * d);
     vq_signs_table(p->proj, d, d, rq, (size_t)d, rows, prep);
     if (codes_tabled(p)) vq_codes_table(d, p->cb[0]->centroid, rq, (size_t)d, rows, rq + (size_t)rows * d);
 }
@@ -191,7 +190,7 @@ static void prod_score(const vq_mparams *p, const float *prep, int rows, const u
     const uint16_t *nrm = meta(p, blk, bt), *gam = nrm + bt;
     vq_code_part part = mse_part(p);
     bool nib = nibble_signs(p);
-    const float *rq = prep + (nib ? (size_t)rows * 4 * d : vq_signs_table_floats(d, rows));
+    const float *rq = prep + (nib ? vq_signs_nibbles_floats(d, rows) : vq_signs_table_floats(d, rows));
     float gain[64], len[64];
     for (int j0 = 0; j0 < n; j0 += 64) {
         int cnt = n - j0 < 64 ? n - j0 : 64;

@@ -205,16 +205,16 @@ static ALWAYS_INLINE void score_rows(const trig16 *tr, const uint16_t *rad, cons
 /* The index vector that gives lane 4 k + i element k. */
 static ALWAYS_INLINE __m512i spread4(void) { return _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); }
 
-/* Four 32-bit words of memory as one vector, built in registers (four
- * scalar stores read back as one vector cannot be forwarded: that stall
- * was most of this kernel's time). */
-static ALWAYS_INLINE __m128i words4(const uint8_t *const *tk, int off) {
-    int32_t w[4];
-    for (int k = 0; k < 4; k++) memcpy(&w[k], tk[k] + off, sizeof w[k]);
+/* The 32-bit words at tk[k] + off of T = 3 or 4 tokens as one vector (lane
+ * 3: 0 for T = 3), built in registers (four scalar stores read back as one
+ * vector cannot be forwarded: that stall was most of this kernel's time). */
+static ALWAYS_INLINE __m128i words(const uint8_t *const *tk, const int T, int off) {
+    int32_t w[4] = {0, 0, 0, 0};
+    for (int k = 0; k < T; k++) memcpy(&w[k], tk[k] + off, sizeof w[k]);
     __m128i v = _mm_cvtsi32_si128(w[0]);
     v = _mm_insert_epi32(v, w[1], 1);
     v = _mm_insert_epi32(v, w[2], 2);
-    return _mm_insert_epi32(v, w[3], 3);
+    return T == 4 ? _mm_insert_epi32(v, w[3], 3) : v;
 }
 
 /* The codes of four tokens (nb <= 4 blocks each). The 32-bit words of
@@ -228,12 +228,12 @@ static ALWAYS_INLINE codes16 load_codes_q(const uint8_t *const *tk, int nb) {
     l1 = _mm512_inserti32x4(l1, _mm_loadu_si128((const __m128i *)tk[1]), 1);
     l1 = _mm512_inserti32x4(l1, _mm_loadu_si128((const __m128i *)tk[2]), 2);
     x.l1 = _mm512_inserti32x4(l1, _mm_loadu_si128((const __m128i *)tk[3]), 3);
-    x.l2 = _mm512_cvtepu8_epi32(words4(tk, 4 * nb));
+    x.l2 = _mm512_cvtepu8_epi32(words(tk, 4, 4 * nb));
     /* level 4 starts at bit 44 nb: a 32-bit word from its byte, shifted */
-    __m128i u4 = _mm_srli_epi32(words4(tk, 44 * nb / 8), (44 * nb) % 8);
+    __m128i u4 = _mm_srli_epi32(words(tk, 4, 44 * nb / 8), (44 * nb) % 8);
     const __m512i sh3 = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
     const __m512i sh4 = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
-    x.l3 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread4(), _mm512_castsi128_si512(words4(tk, 5 * nb))), sh3);
+    x.l3 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread4(), _mm512_castsi128_si512(words(tk, 4, 5 * nb))), sh3);
     x.l4 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread4(), _mm512_castsi128_si512(u4)), sh4);
     return x;
 }
@@ -249,9 +249,10 @@ static ALWAYS_INLINE __m512 load_rad_q(const uint16_t *rad, const int *tk, int n
     return _mm512_cvtph_ps(_mm256_set_m128i(r23, r01));
 }
 
-/* The four tokens from t (the last one repeated past n). */
-static ALWAYS_INLINE void quad_tokens(const uint8_t *codes, size_t cb, int t, int n, int *tk, const uint8_t **ck) {
-    for (int k = 0; k < 4; k++) {
+/* The T tokens from t (the last one repeated past n). */
+static ALWAYS_INLINE void group_tokens(const uint8_t *codes, size_t cb, int t, int n, const int T, int *tk,
+                                      const uint8_t **ck) {
+    for (int k = 0; k < T; k++) {
         tk[k] = t + k < n ? t + k : n - 1;
         ck[k] = codes + (size_t)tk[k] * cb;
     }
@@ -262,40 +263,6 @@ static ALWAYS_INLINE void quad_tokens(const uint8_t *codes, size_t cb, int t, in
 static ALWAYS_INLINE __m512 quarter_sums(__m512 v) {
     v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
     return _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
-}
-
-static ALWAYS_INLINE void score_rows_q(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d,
-                                       int n, const float *q, const int R, float *logits, int ld) {
-    const int nb = d / 16;
-    const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
-    for (int t = 0; t < n; t += 4) {
-        int tk[4];
-        const uint8_t *ck[4];
-        quad_tokens(codes, cb, t, n, tk, ck);
-        codes16 x = load_codes_q(ck, nb);
-        __m512 acc[8], a3[4];
-        for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
-        top_levels(tr, &x, load_rad_q(rad, tk, nb), a3);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            __m512 p0, p1;
-            level2(tr, &x, a3[j], j, &p0, &p1);
-            score_node(tr, &x, p0, 2 * j, q, R, 4, acc);
-            score_node(tr, &x, p1, 2 * j + 1, q, R, 4, acc);
-        }
-        const int cnt = n - t < 4 ? n - t : 4;
-        for (int r = 0; r < R; r++) {
-            __m128 s = _mm512_castps512_ps128(
-                _mm512_permutexvar_ps(firsts, quarter_sums(_mm512_add_ps(acc[r], acc[r + 4]))));
-            if (cnt == 4) {
-                _mm_storeu_ps(logits + (size_t)r * ld + t, s);
-            } else {
-                float o[4];
-                _mm_storeu_ps(o, s);
-                memcpy(logits + (size_t)r * ld + t, o, sizeof(float) * (size_t)cnt);
-            }
-        }
-    }
 }
 
 /* ---------------------------------------- three tokens a register, d = 80 */
@@ -320,15 +287,6 @@ static ALWAYS_INLINE __m512i spread3(void) { return _mm512_setr_epi32(0, 0, 0, 0
 /* Lane 5 k + i gets element i (lane 15: element 5). */
 static ALWAYS_INLINE __m512i blocks3(void) { return _mm512_setr_epi32(0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5); }
 
-/* Three 32-bit words of memory (lane 3: 0), built in registers. */
-static ALWAYS_INLINE __m128i words3(const uint8_t *const *tk, int off) {
-    int32_t w[3];
-    for (int k = 0; k < 3; k++) memcpy(&w[k], tk[k] + off, sizeof w[k]);
-    __m128i v = _mm_cvtsi32_si128(w[0]);
-    v = _mm_insert_epi32(v, w[1], 1);
-    return _mm_insert_epi32(v, w[2], 2);
-}
-
 /* The codes of three tokens of 5 blocks (28 bytes each). Like the two-token
  * loads, the 32-byte read of level 1 and the words of levels 3 and 4 pass a
  * token's end by up to 4 bytes: into the next token, or for a block's last
@@ -351,8 +309,8 @@ static ALWAYS_INLINE codes16 load_codes_t(const uint8_t *const *tk) {
     /* level 3 from byte 25, level 4 from bit 220 (byte 27, bit 4) */
     const __m512i sh3 = _mm512_setr_epi32(0, 4, 8, 12, 16, 0, 4, 8, 12, 16, 0, 4, 8, 12, 16, 0);
     const __m512i sh4 = _mm512_setr_epi32(0, 2, 4, 6, 8, 0, 2, 4, 6, 8, 0, 2, 4, 6, 8, 0);
-    x.l3 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread3(), _mm512_castsi128_si512(words3(tk, 25))), sh3);
-    __m128i u4 = _mm_srli_epi32(words3(tk, 27), 4);
+    x.l3 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread3(), _mm512_castsi128_si512(words(tk, 3, 25))), sh3);
+    __m128i u4 = _mm_srli_epi32(words(tk, 3, 27), 4);
     x.l4 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread3(), _mm512_castsi128_si512(u4)), sh4);
     return x;
 }
@@ -367,14 +325,6 @@ static ALWAYS_INLINE __m512 load_rad_t(const uint16_t *rad, const int *tk) {
     return _mm512_cvtph_ps(_mm256_permutex2var_epi16(r01, idx, r2));
 }
 
-/* The three tokens from t (the last one repeated past n). */
-static ALWAYS_INLINE void triple_tokens(const uint8_t *codes, size_t cb, int t, int n, int *tk, const uint8_t **ck) {
-    for (int k = 0; k < 3; k++) {
-        tk[k] = t + k < n ? t + k : n - 1;
-        ck[k] = codes + (size_t)tk[k] * cb;
-    }
-}
-
 /* R rows of prepared q (lane group 0, [i][r][8]) spread to the three
  * tokens' lanes: qs[(i R + r) 16 + 5 k + b] = block b of coordinate i;
  * lane 15 gets block 5, which the prepared rows pad with 0. */
@@ -384,34 +334,50 @@ static void spread_q(const float *q, const int R, float *qs) {
                          _mm512_permutexvar_ps(blocks3(), _mm512_castps256_ps512(_mm256_loadu_ps(q + 8 * i))));
 }
 
-static ALWAYS_INLINE void score_rows_t(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int n,
-                                       const float *qs, const int R, float *logits, int ld) {
-    for (int t = 0; t < n; t += 3) {
-        int tk[3];
-        const uint8_t *ck[3];
-        triple_tokens(codes, cb, t, n, tk, ck);
-        codes16 x = load_codes_t(ck);
+/* The codes and the radii of T tokens (four at d <= 64, three at d = 80). */
+static ALWAYS_INLINE codes16 load_codes_g(const uint8_t *const *ck, int nb, const int T) {
+    return T == 4 ? load_codes_q(ck, nb) : load_codes_t(ck);
+}
+static ALWAYS_INLINE __m512 load_rad_g(const uint16_t *rad, const int *tk, int nb, const int T) {
+    return T == 4 ? load_rad_q(rad, tk, nb) : load_rad_t(rad, tk);
+}
+
+/* The T tokens' sums of s in lanes 0 .. T - 1: per quarter (T = 4), or per
+ * five lanes by rotations by an immediate (T = 3: no index vectors held in
+ * registers). */
+static ALWAYS_INLINE __m128 token_sums(__m512 s, const int T) {
+    if (T == 4) {
+        const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+        return _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, quarter_sums(s)));
+    }
+    __m512 u = _mm512_add_ps(s, rotate_lanes(s, 1));
+    u = _mm512_add_ps(u, rotate_lanes(u, 2));
+    u = _mm512_add_ps(u, rotate_lanes(s, 4)); /* lane 5 k: lanes 5 k .. 5 k + 4 */
+    return _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x0421, u));
+}
+
+/* Scores n tokens for R rows, T tokens a register (q: the rows in q_lanes'
+ * layout for T). */
+static ALWAYS_INLINE void score_group(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb,
+                                      int n, const float *q, const int R, const int T, float *logits, int ld) {
+    for (int t = 0; t < n; t += T) {
+        int tk[4];
+        const uint8_t *ck[4];
+        group_tokens(codes, cb, t, n, T, tk, ck);
+        codes16 x = load_codes_g(ck, nb, T);
         __m512 acc[8], a3[4];
         for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
-        top_levels(tr, &x, load_rad_t(rad, tk), a3);
+        top_levels(tr, &x, load_rad_g(rad, tk, nb, T), a3);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             __m512 p0, p1;
             level2(tr, &x, a3[j], j, &p0, &p1);
-            score_node(tr, &x, p0, 2 * j, qs, R, 3, acc);
-            score_node(tr, &x, p1, 2 * j + 1, qs, R, 3, acc);
+            score_node(tr, &x, p0, 2 * j, q, R, T, acc);
+            score_node(tr, &x, p1, 2 * j + 1, q, R, T, acc);
         }
-        const int cnt = n - t < 3 ? n - t : 3;
-        for (int r = 0; r < R; r++) {
-            /* lane 5 k: the sum of lanes 5 k .. 5 k + 4 (rotations by an
-             * immediate: no index vectors held in registers) */
-            __m512 s = _mm512_add_ps(acc[r], acc[r + 4]);
-            __m512 u = _mm512_add_ps(s, rotate_lanes(s, 1));
-            u = _mm512_add_ps(u, rotate_lanes(u, 2));
-            u = _mm512_add_ps(u, rotate_lanes(s, 4));
-            _mm_mask_storeu_ps(logits + (size_t)r * ld + t, (__mmask8)((1u << cnt) - 1),
-                               _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x0421, u)));
-        }
+        const __mmask8 keep = (__mmask8)((1u << (n - t < T ? n - t : T)) - 1);
+        for (int r = 0; r < R; r++)
+            _mm_mask_storeu_ps(logits + (size_t)r * ld + t, keep, token_sums(_mm512_add_ps(acc[r], acc[r + 4]), T));
     }
 }
 
@@ -421,20 +387,21 @@ void vq_polar_score_avx512(const float cs[][16], const float sn[][16], const uin
     const size_t w = (size_t)(d + 127) / 128 * 128; /* q's row stride: whole lane groups */
     const bool ragged = d % 128 != 0;                /* an instance of its own, as in polar_avx2.c */
     int r = 0;
+    const int nb = d / 16;
     if (d <= 64) { /* four tokens a register */
-        for (; r + 4 <= rows; r += 4) score_rows_q(&tr, rad, codes, cb, d, n, q + r * w, 4, logits + (size_t)r * ld, ld);
-        for (; r < rows; r++) score_rows_q(&tr, rad, codes, cb, d, n, q + r * w, 1, logits + (size_t)r * ld, ld);
+        for (; r + 4 <= rows; r += 4) score_group(&tr, rad, codes, cb, nb, n, q + r * w, 4, 4, logits + (size_t)r * ld, ld);
+        for (; r < rows; r++) score_group(&tr, rad, codes, cb, nb, n, q + r * w, 1, 4, logits + (size_t)r * ld, ld);
         return;
     }
     if (d == 80) { /* three tokens a register */
         float qs[16 * 4 * 16];
         for (; r + 4 <= rows; r += 4) {
             spread_q(q + r * w, 4, qs);
-            score_rows_t(&tr, rad, codes, cb, n, qs, 4, logits + (size_t)r * ld, ld);
+            score_group(&tr, rad, codes, cb, nb, n, qs, 4, 3, logits + (size_t)r * ld, ld);
         }
         for (; r < rows; r++) {
             spread_q(q + r * w, 1, qs);
-            score_rows_t(&tr, rad, codes, cb, n, qs, 1, logits + (size_t)r * ld, ld);
+            score_group(&tr, rad, codes, cb, nb, n, qs, 1, 3, logits + (size_t)r * ld, ld);
         }
         return;
     }
@@ -532,75 +499,41 @@ static ALWAYS_INLINE void accum_rows(const trig16 *tr, const uint16_t *rad, cons
     }
 }
 
-/* parents for four tokens a register: quads [0, nq) of tokens [0, cnt). */
-static ALWAYS_INLINE void parents_q(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb,
-                                    int cnt, __m512 *par, __m512i *l1) {
-    for (int t = 0; t < cnt; t += 4) {
+/* parents for T tokens a register (four at d <= 64, three at d = 80):
+ * registers [0, (cnt + T - 1) / T) of tokens [0, cnt). */
+static ALWAYS_INLINE void parents_g(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb,
+                                    int cnt, const int T, __m512 *par, __m512i *l1) {
+    for (int t = 0; t < cnt; t += T) {
         int tk[4];
         const uint8_t *ck[4];
-        quad_tokens(codes, cb, t, cnt, tk, ck);
-        codes16 x = load_codes_q(ck, nb);
-        __m512 a3[4], *pt = par + 2 * t;
-        top_levels(tr, &x, load_rad_q(rad, tk, nb), a3);
+        group_tokens(codes, cb, t, cnt, T, tk, ck);
+        codes16 x = load_codes_g(ck, nb, T);
+        __m512 a3[4], *pt = par + 8 * (t / T);
+        top_levels(tr, &x, load_rad_g(rad, tk, nb, T), a3);
         for (int j = 0; j < 4; j++) level2(tr, &x, a3[j], j, &pt[2 * j], &pt[2 * j + 1]);
-        l1[t / 4] = x.l1;
+        l1[t / T] = x.l1;
     }
 }
 
-/* accum_rows for d <= 64, VPAIRS quads (4 VPAIRS tokens) a pass. */
-static ALWAYS_INLINE void accum_rows_q(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int d,
-                                       int n, const float *w, int ld, const int R, float *acc, int aw) {
-    const int nb = d / 16;
-    __m512 par[8 * VPAIRS], wq[4 * VPAIRS];
+/* accum_rows for T tokens a register, VPAIRS registers (T VPAIRS tokens) a
+ * pass. A register's weights: token k's in its lanes (spread4, spread3;
+ * lane 15 at T = 3 gets element 3, which is 0). */
+static ALWAYS_INLINE void accum_group(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int nb,
+                                      int n, const float *w, int ld, const int R, const int T, float *acc, int aw) {
+    __m512 par[8 * VPAIRS], wg[4 * VPAIRS];
     __m512i l1[VPAIRS];
-    for (int t0 = 0; t0 < n; t0 += 4 * VPAIRS) {
-        const int cnt = n - t0 < 4 * VPAIRS ? n - t0 : 4 * VPAIRS, nq = (cnt + 3) / 4;
+    for (int t0 = 0; t0 < n; t0 += T * VPAIRS) {
+        const int cnt = n - t0 < T * VPAIRS ? n - t0 : T * VPAIRS, ng = (cnt + T - 1) / T;
         for (int r = 0; r < R; r++)
-            for (int p = 0; p < nq; p++) {
+            for (int p = 0; p < ng; p++) {
                 /* tokens past cnt (repeats of the last) weigh 0 */
-                const int left = cnt - 4 * p;
-                const __mmask8 m = (__mmask8)(left >= 4 ? 0xF : (1u << left) - 1);
-                __m128 wv = _mm_maskz_loadu_ps(m, w + (size_t)r * ld + t0 + 4 * p);
-                wq[r * VPAIRS + p] = _mm512_permutexvar_ps(spread4(), _mm512_castps128_ps512(wv));
+                const int left = cnt - T * p;
+                const __mmask8 m = (__mmask8)((1u << (left >= T ? T : left)) - 1);
+                __m128 wv = _mm_maskz_loadu_ps(m, w + (size_t)r * ld + t0 + T * p);
+                wg[r * VPAIRS + p] = _mm512_permutexvar_ps(T == 4 ? spread4() : spread3(), _mm512_castps128_ps512(wv));
             }
-        parents_q(tr, rad + (size_t)t0 * nb, codes + (size_t)t0 * cb, cb, nb, cnt, par, l1);
-        for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, nq, wq, R, 4, acc, aw);
-    }
-}
-
-/* parents for three tokens a register (d = 80): triples [0, nt) of tokens
- * [0, cnt). */
-static ALWAYS_INLINE void parents_t(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int cnt,
-                                    __m512 *par, __m512i *l1) {
-    for (int t = 0; t < cnt; t += 3) {
-        int tk[3];
-        const uint8_t *ck[3];
-        triple_tokens(codes, cb, t, cnt, tk, ck);
-        codes16 x = load_codes_t(ck);
-        __m512 a3[4], *pt = par + 8 * (t / 3);
-        top_levels(tr, &x, load_rad_t(rad, tk), a3);
-        for (int j = 0; j < 4; j++) level2(tr, &x, a3[j], j, &pt[2 * j], &pt[2 * j + 1]);
-        l1[t / 3] = x.l1;
-    }
-}
-
-/* accum_rows for d = 80, VPAIRS triples (3 VPAIRS tokens) a pass. */
-static ALWAYS_INLINE void accum_rows_t(const trig16 *tr, const uint16_t *rad, const uint8_t *codes, size_t cb, int n,
-                                       const float *w, int ld, const int R, float *acc, int aw) {
-    __m512 par[8 * VPAIRS], wt[4 * VPAIRS];
-    __m512i l1[VPAIRS];
-    for (int t0 = 0; t0 < n; t0 += 3 * VPAIRS) {
-        const int cnt = n - t0 < 3 * VPAIRS ? n - t0 : 3 * VPAIRS, nt = (cnt + 2) / 3;
-        for (int r = 0; r < R; r++)
-            for (int p = 0; p < nt; p++) {
-                /* tokens past cnt (repeats of the last) weigh 0; lane 15 gets element 3, 0 */
-                const int left = cnt - 3 * p;
-                const __mmask8 m = (__mmask8)(left >= 3 ? 0x7 : (1u << left) - 1);
-                __m128 wv = _mm_maskz_loadu_ps(m, w + (size_t)r * ld + t0 + 3 * p);
-                wt[r * VPAIRS + p] = _mm512_permutexvar_ps(spread3(), _mm512_castps128_ps512(wv));
-            }
-        parents_t(tr, rad + (size_t)t0 * 5, codes + (size_t)t0 * cb, cb, cnt, par, l1);
-        for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, nt, wt, R, 3, acc, aw);
+        parents_g(tr, rad + (size_t)t0 * nb, codes + (size_t)t0 * cb, cb, nb, cnt, T, par, l1);
+        for (int j = 0; j < 8; j++) accum_node(tr, par, l1, j, ng, wg, R, T, acc, aw);
     }
 }
 
@@ -609,16 +542,17 @@ void vq_polar_accum_avx512(const float cs[][16], const float sn[][16], const uin
     trig16 tr = load_trig(cs, sn);
     const size_t aw = (size_t)(d + 127) / 128 * 128; /* acc's row stride: whole lane groups */
     int r = 0;
+    const int nb = d / 16;
     if (d <= 64) { /* four tokens a register */
         for (; r + 4 <= rows; r += 4)
-            accum_rows_q(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 4, acc + r * aw, (int)aw);
-        for (; r < rows; r++) accum_rows_q(&tr, rad, codes, cb, d, n, w + (size_t)r * ld, ld, 1, acc + r * aw, (int)aw);
+            accum_group(&tr, rad, codes, cb, nb, n, w + (size_t)r * ld, ld, 4, 4, acc + r * aw, (int)aw);
+        for (; r < rows; r++) accum_group(&tr, rad, codes, cb, nb, n, w + (size_t)r * ld, ld, 1, 4, acc + r * aw, (int)aw);
         return;
     }
     if (d == 80) { /* three tokens a register */
         for (; r + 4 <= rows; r += 4)
-            accum_rows_t(&tr, rad, codes, cb, n, w + (size_t)r * ld, ld, 4, acc + r * aw, (int)aw);
-        for (; r < rows; r++) accum_rows_t(&tr, rad, codes, cb, n, w + (size_t)r * ld, ld, 1, acc + r * aw, (int)aw);
+            accum_group(&tr, rad, codes, cb, nb, n, w + (size_t)r * ld, ld, 4, 3, acc + r * aw, (int)aw);
+        for (; r < rows; r++) accum_group(&tr, rad, codes, cb, nb, n, w + (size_t)r * ld, ld, 1, 3, acc + r * aw, (int)aw);
         return;
     }
     for (; r + 4 <= rows; r += 4)
