@@ -13,9 +13,10 @@
 /* Builds a cache of `seq` synthetic tokens (appended in uneven chunks; keys
  * times kscale), runs vq_attend for n_q query rows at the end of the
  * sequence and compares with the reference over the decoded cache. Returns
- * the relative error. */
-static double run_scaled(const char *spec, int hq, int hkv, int d, int seq, int n_q, vq_pool *pool,
-                         float *out_keep, float kscale) {
+ * the relative error. qscale (NULL: none) scales q head h of every row by
+ * qscale[h % 4]. */
+static double run_qk(const char *spec, int hq, int hkv, int d, int seq, int n_q, vq_pool *pool, float *out_keep,
+                     float kscale, const float *qscale) {
     vq_cache_config cfg = {.n_layers = 2, .n_heads_q = hq, .n_heads_kv = hkv, .head_dim = d, .kv_spec = spec};
     vq_cache *c;
     if (vq_cache_create(&cfg, &c)) {
@@ -39,6 +40,8 @@ static double run_scaled(const char *spec, int hq, int hkv, int d, int seq, int 
     int32_t *qpos = malloc(sizeof(int32_t) * (size_t)n_q);
     for (int i = 0; i < n_q; i++) {
         vq_synth_q(&syn, i, q + (size_t)i * hq * d);
+        for (int h = 0; qscale && h < hq; h++)
+            for (int j = 0; j < d; j++) q[((size_t)i * hq + h) * d + j] *= qscale[h % 4];
         qpos[i] = seq - n_q + i; /* the last n_q tokens: a prefill chunk's causal pattern */
     }
     float *out = malloc(sizeof(float) * (size_t)n_q * hq * d);
@@ -58,6 +61,11 @@ static double run_scaled(const char *spec, int hq, int hkv, int d, int seq, int 
     free(k); free(v); free(q); free(qpos); free(out); free(dk); free(dv); free(pos); free(ref);
     vq_cache_free(c);
     return err;
+}
+
+static double run_scaled(const char *spec, int hq, int hkv, int d, int seq, int n_q, vq_pool *pool,
+                         float *out_keep, float kscale) {
+    return run_qk(spec, hq, hkv, d, seq, n_q, pool, out_keep, kscale, NULL);
 }
 
 static double run_case(const char *spec, int hq, int hkv, int d, int seq, int n_q, vq_pool *pool,
@@ -195,6 +203,17 @@ int main(void) {
         for (int s = 0; s < n_specs; s++) {
             double e = run_scaled(specs[s], 8, 2, 128, 1500, 1, pool, NULL, 60.0f);
             CHECK(e < 1e-4, "[%s] %s keys x 60: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs[s], e);
+        }
+        /* query heads of zeros and of 1e-30 times q next to normal ones in
+         * one GQA group (KIVI's VNNI keys leave such groups to the float
+         * kernels: no power of two scales them to integers), and a group
+         * of normal heads */
+        const char *qspecs[] = {"kivi:bits=2", "kivi:bits=4", "kivi:bits=8"};
+        const float qscale[4] = {1.0f, 0.0f, 1e-30f, 2.0f};
+        for (int s = 0; s < 3; s++) {
+            double e = run_qk(qspecs[s], 8, 2, 128, 700, 1, pool, NULL, 1.0f, qscale);
+            CHECK(e < 1e-4, "[%s] %s zero and tiny q heads: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+                  qspecs[s], e);
         }
         /* prefill chunks: many query rows with a causal mask (row mode) and
          * a few rows (split mode) */

@@ -984,8 +984,10 @@ bool vq_kivi_accum_avx2(const vq_mparams *p, const float *w, int ld, int rows, c
  * kivi_avx512.c's value driver, whichever is more. */
 size_t vq_kivi_scratch_avx2(const vq_mparams *p) {
     size_t d = (size_t)p->head_dim, ng = (d + (size_t)p->group - 1) / (size_t)p->group;
-    if (!p->is_value) /* q' (4 rows, padded to steps of 16 for kivi_avx512.c, which covers 8), zero terms [4] */
-        return vq_kivi_key_qs_floats(p->bits, p->head_dim, 16) + 4;
+    /* keys: q' (4 rows, padded to steps of 16 for kivi_avx512.c, which
+     * covers 8), zero terms and kivi_avx512.c's units [16] each, and its
+     * byte digits (4 rows of d / 4 times 16 bytes) */
+    if (!p->is_value) return vq_kivi_key_qs_floats(p->bits, p->head_dim, 16) + 32 + 4 * d;
     /* mf [CHUNK][ng][2], sT, zT [ng][CHUNK], wbuf [4][CHUNK], smax [CHUNK],
      * wp [ng][4][CHUNK/2], zv [4][ng][8] and 8 floats to align it */
     size_t n = 2 * ng * CHUNK + 2 * ng * CHUNK + 4 * CHUNK + CHUNK + ng * 4 * (CHUNK / 2) + 4 * ng * 8 + 8;

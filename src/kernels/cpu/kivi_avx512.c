@@ -5,7 +5,10 @@
  * needs a madd and an add). Both follow the AVX2 kernels' math (kivi_avx2.c's
  * header has the why): q' = q * scale with the slot's power of two, masked
  * codes in place, FMAs into float partial sums for keys; int16 weight pairs
- * times codes summed in int32 for values. Keys: kivi_avx2.c's driver calls
+ * times codes summed in int32 for values. Keys of 2, 4 and 8 bits whose
+ * code rows are 16 to 256 bytes take a VNNI form instead when the CPU has
+ * it (vpdpbusd of 16 tokens' codes with q' as exact 24-bit integers in
+ * three byte digits; "keys by VNNI" below). Keys: kivi_avx2.c's driver calls
  * vq_kivi_score_rows_avx512 for its row groups when the shape allows.
  * Values: vq_kivi_accum_avx512 is a whole driver of its own, which also
  * builds each chunk's tables (the (scale, zero) floats by group, the int16
@@ -20,6 +23,7 @@
 #include "reduce_avx512.h"
 #include "vq_internal.h"
 
+#include <float.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -28,6 +32,8 @@
 #else
 #define ALWAYS_INLINE inline
 #endif
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* Floats of q' for 4 rows in steps of `step` bytes (kivi_avx2.c). */
 size_t vq_kivi_key_qs_floats(int bits, int d, int step);
@@ -249,8 +255,239 @@ static ALWAYS_INLINE void score_rows_bits(const float *q, const int R, int d, in
     }
 }
 
+/* ------------------------------------------------- keys by VNNI, tokens in lanes */
+
+/* Row r's sum (or max) of x[r]'s 16 lanes, in every lane of 128-bit lane r
+ * (r < 4; missing rows read as x[0]): two 128-bit lane shuffles fold
+ * rows in pairs, two more bring each row to its own lane, and two in-lane
+ * steps finish, 13 instructions for 4 rows where one horizontal reduction
+ * a row takes 8. */
+static ALWAYS_INLINE __m512 rows_fold(const __m512 *x, const int R, const bool max) {
+    const __m512 x1 = x[R > 1 ? 1 : 0], x2 = x[R > 2 ? 2 : 0], x3 = x[R > 3 ? 3 : 0];
+    __m512 u0a = _mm512_shuffle_f32x4(x[0], x1, 0x44), u0b = _mm512_shuffle_f32x4(x[0], x1, 0xEE);
+    __m512 u1a = _mm512_shuffle_f32x4(x2, x3, 0x44), u1b = _mm512_shuffle_f32x4(x2, x3, 0xEE);
+    __m512 u0 = max ? _mm512_max_ps(u0a, u0b) : _mm512_add_ps(u0a, u0b); /* lanes: r0 L0|2, r0 L1|3, r1 .., r1 .. */
+    __m512 u1 = max ? _mm512_max_ps(u1a, u1b) : _mm512_add_ps(u1a, u1b);
+    __m512 va = _mm512_shuffle_f32x4(u0, u1, 0x88), vb = _mm512_shuffle_f32x4(u0, u1, 0xDD);
+    __m512 v = max ? _mm512_max_ps(va, vb) : _mm512_add_ps(va, vb); /* 128-bit lane r: row r's 4 partials */
+    __m512 w = _mm512_permute_ps(v, 0x4E);
+    v = max ? _mm512_max_ps(v, w) : _mm512_add_ps(v, w);
+    w = _mm512_permute_ps(v, 0xB1);
+    return max ? _mm512_max_ps(v, w) : _mm512_add_ps(v, w);
+}
+
+/* q' of R rows for one key group as integers in three signed byte digits:
+ * x = round(q' 2^E_r) = 65536 A + 256 B + C, A, B, C in [-128, 127], E_r
+ * the largest with max |x| < 2^23 / (1 + 2^-7) (the margin keeps A inside
+ * its byte after the carries below). Per 4 channels (c .. c + 3)
+ * qd holds 16 bytes, the dwords of their C, B and A digits and a spare one,
+ * at qd + r 4 d + 4 c: each is one broadcast operand of dot16_vnni.
+ * unit[4 r] = 2^-E_r and qz[4 r] = sum_c q_r,c zero_c (16 floats each).
+ * Returns false (and the float kernels take the group) when a row's
+ * max |q'| is below 2^-100 (2^E or 2^-E would leave the float exponents;
+ * such a row's scores are qz to within 1e-30 anyway) or not finite.
+ *
+ * Why three digits: the logit's error from rounding q' is at most
+ * sum_c c_c |e_c| <= (2^b - 1) d 2^-23 max |q'|, 2^8 times below that of
+ * 15-bit q' (int16 with a power of two a channel, tried before: 1.5e-3
+ * relative error on test_attend's keys x 60 case, whose bound is 1e-4).
+ *
+ * The digits by one add: y = x + 128 + 128 * 256 has bytes C + 128,
+ * B + 128 and A (the carries of the balanced digits done by the add), so
+ * one in-lane byte shuffle gathers each digit of 4 channels into a dword
+ * and one xor takes the 128s off. */
+static ALWAYS_INLINE VNNI bool prep_digits(const float *q, const int R, const int d, const uint16_t *sc,
+                                           const uint16_t *zr, int8_t *qd, float *unit, float *qz) {
+    __m512 mx[4], z[4];
+    for (int r = 0; r < R; r++) mx[r] = z[r] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += 16) {
+        const __m512 sf = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + c)));
+        const __m512 zf = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(zr + c)));
+        for (int r = 0; r < R; r++) {
+            __m512 qv = _mm512_loadu_ps(q + (size_t)r * d + c);
+            mx[r] = _mm512_max_ps(mx[r], _mm512_abs_ps(_mm512_mul_ps(qv, sf)));
+            z[r] = _mm512_fmadd_ps(qv, zf, z[r]);
+        }
+    }
+    /* m (1 + 2^-7) < 2^e for the rows' maxima m, e from the exponent bits
+     * (normal here); E = 23 - e */
+    const __m512 m = rows_fold(mx, R, true), mm = _mm512_mul_ps(m, _mm512_set1_ps(1.0f + 0x1p-7f));
+    if (_mm512_cmp_ps_mask(m, _mm512_set1_ps(0x1p-100f), _CMP_GE_OQ) != 0xFFFF ||
+        _mm512_cmp_ps_mask(mm, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ) != 0xFFFF)
+        return false;
+    const __m512i eb = _mm512_srli_epi32(_mm512_castps_si512(mm), 23); /* e + 126 */
+    const __m512 fv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(_mm512_set1_epi32(276), eb), 23));
+    _mm512_storeu_ps(unit, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_sub_epi32(eb, _mm512_set1_epi32(22)), 23)));
+    _mm512_storeu_ps(qz, rows_fold(z, R, false));
+    __m512 f[4];
+    for (int r = 0; r < R; r++) f[r] = _mm512_permutexvar_ps(_mm512_set1_epi32(4 * r), fv);
+    const __m512i bias = _mm512_set1_epi32(128 + 128 * 256);
+    const __m512i gather = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, -1, -1, -1, -1));
+    const __m512i flip = _mm512_broadcast_i32x4(_mm_setr_epi32((int)0x80808080, (int)0x80808080, 0, 0));
+    for (int c = 0; c < d; c += 16) {
+        const __m512 sf = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + c)));
+        for (int r = 0; r < R; r++) {
+            __m512 x = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(q + (size_t)r * d + c), sf), f[r]);
+            __m512i y = _mm512_add_epi32(_mm512_cvtps_epi32(x), bias);
+            _mm512_storeu_si512(qd + (size_t)r * 4 * d + 4 * c,
+                                _mm512_xor_si512(_mm512_shuffle_epi8(y, gather), flip));
+        }
+    }
+    return true;
+}
+
+/* a + the 4-byte dot products of unsigned x with the signed bytes of the
+ * dword at w broadcast (vpdpbusd with its memory operand broadcast): asm
+ * for the reason dpwssd gives below. */
+static ALWAYS_INLINE VNNI __m512i dpbusd_b(__m512i a, __m512i x, const int8_t *w) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(a) : "v"(x), "m"(*(const int32_t *)w));
+    return a;
+}
+
+/* Slot j of the 16 tokens' dwords w (4 channels each, channel
+ * j cb + u + 4 k + i in byte i for the dword k of piece u) into the rows'
+ * digit sums; qc: those channels' digits of row 0. */
+static ALWAYS_INLINE VNNI void dot_slot(__m512i acc[4][3], __m512i w, const __m512i mask, const int8_t *qc,
+                                        const int b, const int j, const int R, const int d) {
+    __m512i v = b == 8 ? w : _mm512_and_si512(j ? _mm512_srli_epi32(w, b * j) : w, mask);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+        for (int g = 0; g < 3; g++) acc[r][g] = dpbusd_b(acc[r][g], v, qc + (size_t)r * 4 * d + 4 * g);
+}
+
+/* Logits of 16 tokens (codes at c, cb bytes apart) for R rows. Each
+ * 16-byte piece of the 16 tokens' codes is transposed in registers so
+ * that lane t holds token t's dword k; slot j of it, masked to bytes,
+ * holds 4 channels' codes, which one vpdpbusd per (row, digit) multiplies
+ * by the rows' digits of those channels and sums. No reduction tree: the
+ * lanes are the tokens. */
+static ALWAYS_INLINE VNNI void dot16_vnni(const int8_t *qd, const float *unit, const float *qz, const uint8_t *c,
+                                          const size_t cb, const int d, const int b, const int R, float *logits, int ld) {
+    __m512i acc[4][3];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_si512();
+    const __m512i mask = _mm512_set1_epi8((char)((1 << b) - 1));
+    for (size_t u = 0; u < cb; u += 16) {
+        __m512i z[4], t[4], w[4];
+        for (int p = 0; p < 4; p++) {
+            /* 128-bit lane L: token p + 4 L */
+            const uint8_t *cp = c + (size_t)p * cb + u;
+            __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)cp));
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(cp + 4 * cb)), 1);
+            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(cp + 8 * cb)), 2);
+            z[p] = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(cp + 12 * cb)), 3);
+        }
+        t[0] = _mm512_unpacklo_epi32(z[0], z[1]);
+        t[1] = _mm512_unpackhi_epi32(z[0], z[1]);
+        t[2] = _mm512_unpacklo_epi32(z[2], z[3]);
+        t[3] = _mm512_unpackhi_epi32(z[2], z[3]);
+        w[0] = _mm512_unpacklo_epi64(t[0], t[2]); /* lane 4 L + p: dword 0 of token 4 L + p */
+        w[1] = _mm512_unpackhi_epi64(t[0], t[2]);
+        w[2] = _mm512_unpacklo_epi64(t[1], t[3]);
+        w[3] = _mm512_unpackhi_epi64(t[1], t[3]);
+        /* the digits of this piece's channels from one pointer and constant
+         * offsets: without the empty asm GCC made a pointer per offset and
+         * kept most of them on the stack */
+        const int8_t *qu = qd + 4 * u;
+        __asm__("" : "+r"(qu));
+        /* the slots written out: a loop over them (1, 2 or 4 per b) with
+         * an unroll pragma draws a warning at -O2 */
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            dot_slot(acc, w[k], mask, qu + 16 * k, b, 0, R, d);
+            if (b <= 4) dot_slot(acc, w[k], mask, qu + 4 * (cb + 4 * k), b, 1, R, d);
+            if (b == 2) {
+                dot_slot(acc, w[k], mask, qu + 4 * (2 * cb + 4 * k), b, 2, R, d);
+                dot_slot(acc, w[k], mask, qu + 4 * (3 * cb + 4 * k), b, 3, R, d);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][2]), _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(acc[r][1]));
+        s = _mm512_fmadd_ps(s, _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(acc[r][0]));
+        _mm512_storeu_ps(logits + (size_t)r * ld,
+                         _mm512_fmadd_ps(s, _mm512_set1_ps(unit[4 * r]), _mm512_set1_ps(qz[4 * r])));
+    }
+}
+
+/* Scores of tokens [t0, t0 + n) for R rows of b-bit codes (2, 4, 8; code
+ * rows of whole 16-byte pieces) with VNNI: 16 tokens a step by dot16_vnni,
+ * the float kernels for a group's last tokens short of 16 and for groups
+ * whose q' prep_digits declines. */
+static ALWAYS_INLINE VNNI void score_rows_vnni(const float *q, const int R, const int d, int G, const int b,
+                                               const uint8_t *blk, int block_tokens, int t0, int n, float *logits,
+                                               int ld, float *scratch) {
+    const size_t cb = (size_t)d * (size_t)b / 8;
+    const uint16_t *meta = (const uint16_t *)(blk + (size_t)block_tokens * cb);
+    /* qz and unit: 16 floats each, row r's at 4 r (prep_digits) */
+    float *qs = scratch, *qz = scratch + vq_kivi_key_qs_floats(b, d, 16), *unit = qz + 16;
+    int8_t *qd = (int8_t *)(unit + 16);
+    for (int t = t0; t < t0 + n;) {
+        int g = t / G, end = (g + 1) * G < t0 + n ? (g + 1) * G : t0 + n;
+        const uint16_t *sc = meta + (size_t)g * 2 * d;
+        if (end - t >= 16 && prep_digits(q, R, d, sc, sc + d, qd, unit, qz))
+            for (; t + 16 <= end; t += 16)
+                dot16_vnni(qd, unit, qz, blk + (size_t)t * cb, cb, d, b, R, logits + (t - t0), ld);
+        if (t < end) {
+            prep_keys(q, R, d, b, (int)cb, false, sc, sc + d, qs, qz);
+            for (; t < end; t++) {
+                __m512 acc[8][4];
+                dot_tokens(qs, blk + (size_t)t * cb, cb, (int)cb, b, 1, R, acc);
+                for (int r = 0; r < R; r++)
+                    logits[(size_t)r * ld + (t - t0)] = _mm512_reduce_add_ps(acc[0][r]) + qz[r];
+            }
+        }
+    }
+}
+
+/* score_rows_vnni with R, the bits and the code row bytes (hence d)
+ * constants in each instance: the 16 tokens' loads then take one base
+ * register and constant offsets (with cb a variable GCC kept 16 token
+ * pointers, most of them on the stack). */
+static ALWAYS_INLINE VNNI void score_vnni_rows(const float *q, int R, const int d, int G, const int b,
+                                               const uint8_t *blk, int block_tokens, int t0, int n, float *logits,
+                                               int ld, float *scratch) {
+    if (R == 4) score_rows_vnni(q, 4, d, G, b, blk, block_tokens, t0, n, logits, ld, scratch);
+    else if (R == 2) score_rows_vnni(q, 2, d, G, b, blk, block_tokens, t0, n, logits, ld, scratch);
+    else score_rows_vnni(q, 1, d, G, b, blk, block_tokens, t0, n, logits, ld, scratch);
+}
+
+static VNNI bool score_vnni(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
+                            int t0, int n, float *logits, int ld, float *scratch) {
+    switch (d * bits / 8) {
+    case 16:
+        if (bits == 2) score_vnni_rows(q, R, 64, G, 2, blk, block_tokens, t0, n, logits, ld, scratch);
+        else if (bits == 4) score_vnni_rows(q, R, 32, G, 4, blk, block_tokens, t0, n, logits, ld, scratch);
+        else score_vnni_rows(q, R, 16, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
+        return true;
+    case 32:
+        if (bits == 2) score_vnni_rows(q, R, 128, G, 2, blk, block_tokens, t0, n, logits, ld, scratch);
+        else if (bits == 4) score_vnni_rows(q, R, 64, G, 4, blk, block_tokens, t0, n, logits, ld, scratch);
+        else score_vnni_rows(q, R, 32, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
+        return true;
+    case 64:
+        if (bits == 2) score_vnni_rows(q, R, 256, G, 2, blk, block_tokens, t0, n, logits, ld, scratch);
+        else if (bits == 4) score_vnni_rows(q, R, 128, G, 4, blk, block_tokens, t0, n, logits, ld, scratch);
+        else score_vnni_rows(q, R, 64, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
+        return true;
+    case 128:
+        if (bits == 4) score_vnni_rows(q, R, 256, G, 4, blk, block_tokens, t0, n, logits, ld, scratch);
+        else if (bits == 8) score_vnni_rows(q, R, 128, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
+        else return false;
+        return true;
+    case 256:
+        if (bits == 8) score_vnni_rows(q, R, 256, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
+        else return false;
+        return true;
+    default: return false;
+    }
+}
+
 bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                                int t0, int n, float *logits, int ld, float *scratch) {
+    if ((bits == 2 || bits == 4 || bits == 8) && vq_cpu_has_avx512_vnni() &&
+        score_vnni(q, R, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch))
+        return true;
     /* 3 bits: d a multiple of 128, or of 16 below 128 (across) */
     if (bits == 3 ? d % 128 != 0 && (d % 16 != 0 || d > 128)
                   : (bits != 2 && bits != 4 && bits != 8) || (d * bits / 8) % 4 != 0)
@@ -262,8 +499,6 @@ bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, co
 }
 
 /* ---------------------------------------------------------------- values */
-
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 /* a + the pairwise int16 products of x and w (vpdpwssd). In asm because
  * GCC 12 compiles the intrinsic into a copy of the accumulator before each
