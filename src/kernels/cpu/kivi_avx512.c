@@ -443,9 +443,8 @@ static ALWAYS_INLINE VNNI void dot16_vnni(const int8_t *qd, const float *unit, c
 
 /* Scores of tokens [t0, t0 + n) for R rows of b-bit codes (2, 4, 8 with
  * code rows of whole 16-byte pieces; 3 at d = 128 and 256) with VNNI: 16
- * tokens a step by dot16_vnni,
- * the float kernels for a group's last tokens short of 16 and for groups
- * whose q' prep_digits declines. */
+ * tokens a step by dot16_vnni, the float kernels for a group's last tokens
+ * short of 16 and for groups whose q' prep_digits declines. */
 static ALWAYS_INLINE VNNI void score_rows_vnni(const float *q, const int R, const int d, int G, const int b,
                                                const uint8_t *blk, int block_tokens, int t0, int n, float *logits,
                                                int ld, float *scratch) {
