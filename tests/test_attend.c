@@ -208,9 +208,9 @@ int main(void) {
          * one GQA group (KIVI's VNNI keys leave such groups to the float
          * kernels: no power of two scales them to integers), and a group
          * of normal heads */
-        const char *qspecs[] = {"kivi:bits=2", "kivi:bits=4", "kivi:bits=8"};
+        const char *qspecs[] = {"kivi:bits=2", "kivi:bits=3", "kivi:bits=4", "kivi:bits=8"};
         const float qscale[4] = {1.0f, 0.0f, 1e-30f, 2.0f};
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < 4; s++) {
             double e = run_qk(qspecs[s], 8, 2, 128, 700, 1, pool, NULL, 1.0f, qscale);
             CHECK(e < 1e-4, "[%s] %s zero and tiny q heads: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
                   qspecs[s], e);

@@ -6,9 +6,9 @@
  * header has the why): q' = q * scale with the slot's power of two, masked
  * codes in place, FMAs into float partial sums for keys; int16 weight pairs
  * times codes summed in int32 for values. Keys of 2, 4 and 8 bits whose
- * code rows are 16 to 256 bytes take a VNNI form instead when the CPU has
- * it (vpdpbusd of 16 tokens' codes with q' as exact 24-bit integers in
- * three byte digits; "keys by VNNI" below). Keys: kivi_avx2.c's driver calls
+ * code rows are 16 to 256 bytes, and of 3 bits at d = 128 and 256, take a
+ * VNNI form instead when the CPU has it (vpdpbusd of 16 tokens' codes with
+ * q' rounded to integers in three byte digits; "keys by VNNI" below). Keys: kivi_avx2.c's driver calls
  * vq_kivi_score_rows_avx512 for its row groups when the shape allows.
  * Values: vq_kivi_accum_avx512 is a whole driver of its own, which also
  * builds each chunk's tables (the (scale, zero) floats by group, the int16
@@ -344,47 +344,77 @@ static ALWAYS_INLINE VNNI __m512i dpbusd_b(__m512i a, __m512i x, const int8_t *w
     return a;
 }
 
-/* Slot j of the 16 tokens' dwords w (4 channels each, channel
- * j cb + u + 4 k + i in byte i for the dword k of piece u) into the rows'
- * digit sums; qc: those channels' digits of row 0. */
-static ALWAYS_INLINE VNNI void dot_slot(__m512i acc[4][3], __m512i w, const __m512i mask, const int8_t *qc,
-                                        const int b, const int j, const int R, const int d) {
-    __m512i v = b == 8 ? w : _mm512_and_si512(j ? _mm512_srli_epi32(w, b * j) : w, mask);
+/* 16 tokens' 16-byte pieces (the first at c, the others cb bytes apart)
+ * transposed in registers: lane 4 L + p of w[k] holds dword k of token
+ * 4 L + p (4 loads, 12 inserts, 8 unpacks). */
+static ALWAYS_INLINE void transpose16(const uint8_t *c, const size_t cb, __m512i w[4]) {
+    __m512i z[4], t[4];
+    for (int p = 0; p < 4; p++) {
+        /* 128-bit lane L: token p + 4 L */
+        const uint8_t *cp = c + (size_t)p * cb;
+        __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)cp));
+        x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(cp + 4 * cb)), 1);
+        x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(cp + 8 * cb)), 2);
+        z[p] = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(cp + 12 * cb)), 3);
+    }
+    t[0] = _mm512_unpacklo_epi32(z[0], z[1]);
+    t[1] = _mm512_unpackhi_epi32(z[0], z[1]);
+    t[2] = _mm512_unpacklo_epi32(z[2], z[3]);
+    t[3] = _mm512_unpackhi_epi32(z[2], z[3]);
+    w[0] = _mm512_unpacklo_epi64(t[0], t[2]);
+    w[1] = _mm512_unpackhi_epi64(t[0], t[2]);
+    w[2] = _mm512_unpacklo_epi64(t[1], t[3]);
+    w[3] = _mm512_unpackhi_epi64(t[1], t[3]);
+}
+
+/* 4 channels' codes of 16 tokens (bytes of v) into the rows' digit sums;
+ * qc: those channels' digits of row 0. */
+static ALWAYS_INLINE VNNI void dot_slot(__m512i acc[4][3], __m512i v, const int8_t *qc, const int R, const int d) {
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 3
         for (int g = 0; g < 3; g++) acc[r][g] = dpbusd_b(acc[r][g], v, qc + (size_t)r * 4 * d + 4 * g);
 }
 
+/* Slot j of plane dwords w as bytes: (w >> b j) & mask; 3 bits: the 2-bit
+ * slot j joined with its high bit, bit 2 j of the 1-bit dwords h (already
+ * shifted by the piece's first slot), as c2 + 4 c1 (imm 0xEC: (a & c) | b). */
+static ALWAYS_INLINE __m512i slot_bytes(__m512i w, __m512i h, const __m512i mask, const int b, const int j) {
+    if (b == 8) return w;
+    __m512i x = j ? _mm512_srli_epi32(w, (b == 3 ? 2 : b) * j) : w;
+    if (b != 3) return _mm512_and_si512(x, mask);
+    /* bit 2 j of each byte to bit 2 (rotations: the bits that wrap around
+     * land outside the mask) */
+    __m512i hb = j == 0 ? _mm512_rol_epi32(h, 2) : j == 1 ? h : j == 2 ? _mm512_ror_epi32(h, 2) : _mm512_ror_epi32(h, 4);
+    return _mm512_ternarylogic_epi32(x, _mm512_and_si512(hb, _mm512_set1_epi8(4)), mask, 0xEC);
+}
+
 /* Logits of 16 tokens (codes at c, cb bytes apart) for R rows. Each
- * 16-byte piece of the 16 tokens' codes is transposed in registers so
- * that lane t holds token t's dword k; slot j of it, masked to bytes,
+ * 16-byte piece of the 16 tokens' plane codes is transposed in registers
+ * so that lane t holds token t's dword k; slot j of it, masked to bytes,
  * holds 4 channels' codes, which one vpdpbusd per (row, digit) multiplies
  * by the rows' digits of those channels and sums. No reduction tree: the
- * lanes are the tokens. */
+ * lanes are the tokens. 3 bits (d a multiple of 128): the 2-bit plane set
+ * (s2 = d / 4 bytes) by pieces, each with the 1-bit plane's piece that
+ * holds the same channels' high bits: channel j s2 + u + 4 k + i is bit
+ * 2 j + u / s1 of 1-bit byte (u mod s1) + 4 k + i (s1 = d / 8). */
 static ALWAYS_INLINE VNNI void dot16_vnni(const int8_t *qd, const float *unit, const float *qz, const uint8_t *c,
                                           const size_t cb, const int d, const int b, const int R, float *logits, int ld) {
     __m512i acc[4][3];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_si512();
-    const __m512i mask = _mm512_set1_epi8((char)((1 << b) - 1));
-    for (size_t u = 0; u < cb; u += 16) {
-        __m512i z[4], t[4], w[4];
-        for (int p = 0; p < 4; p++) {
-            /* 128-bit lane L: token p + 4 L */
-            const uint8_t *cp = c + (size_t)p * cb + u;
-            __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)cp));
-            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(cp + 4 * cb)), 1);
-            x = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(cp + 8 * cb)), 2);
-            z[p] = _mm512_inserti32x4(x, _mm_loadu_si128((const __m128i *)(cp + 12 * cb)), 3);
+    const int bl = b == 3 ? 2 : b; /* bits of the plane set read by slots */
+    const size_t s2 = b == 3 ? (size_t)d / 4 : cb, s1 = (size_t)d / 8;
+    const __m512i mask = _mm512_set1_epi8((char)((1 << bl) - 1));
+    for (size_t u = 0; u < s2; u += 16) {
+        __m512i w[4], h[4];
+        transpose16(c + u, cb, w);
+        if (b == 3) {
+            transpose16(c + s2 + u % s1, cb, h);
+            const __m128i first = _mm_cvtsi32_si128((int)(u / s1));
+            for (int k = 0; k < 4; k++) h[k] = _mm512_srl_epi32(h[k], first);
+        } else {
+            for (int k = 0; k < 4; k++) h[k] = w[k]; /* unused */
         }
-        t[0] = _mm512_unpacklo_epi32(z[0], z[1]);
-        t[1] = _mm512_unpackhi_epi32(z[0], z[1]);
-        t[2] = _mm512_unpacklo_epi32(z[2], z[3]);
-        t[3] = _mm512_unpackhi_epi32(z[2], z[3]);
-        w[0] = _mm512_unpacklo_epi64(t[0], t[2]); /* lane 4 L + p: dword 0 of token 4 L + p */
-        w[1] = _mm512_unpackhi_epi64(t[0], t[2]);
-        w[2] = _mm512_unpacklo_epi64(t[1], t[3]);
-        w[3] = _mm512_unpackhi_epi64(t[1], t[3]);
         /* the digits of this piece's channels from one pointer and constant
          * offsets: without the empty asm GCC made a pointer per offset and
          * kept most of them on the stack */
@@ -394,11 +424,12 @@ static ALWAYS_INLINE VNNI void dot16_vnni(const int8_t *qd, const float *unit, c
          * an unroll pragma draws a warning at -O2 */
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
-            dot_slot(acc, w[k], mask, qu + 16 * k, b, 0, R, d);
-            if (b <= 4) dot_slot(acc, w[k], mask, qu + 4 * (cb + 4 * k), b, 1, R, d);
-            if (b == 2) {
-                dot_slot(acc, w[k], mask, qu + 4 * (2 * cb + 4 * k), b, 2, R, d);
-                dot_slot(acc, w[k], mask, qu + 4 * (3 * cb + 4 * k), b, 3, R, d);
+            /* slot j of byte u + 4 k + i holds channel j s2 + u + 4 k + i */
+            dot_slot(acc, slot_bytes(w[k], h[k], mask, b, 0), qu + 16 * k, R, d);
+            if (bl <= 4) dot_slot(acc, slot_bytes(w[k], h[k], mask, b, 1), qu + 4 * (s2 + 4 * k), R, d);
+            if (bl == 2) {
+                dot_slot(acc, slot_bytes(w[k], h[k], mask, b, 2), qu + 4 * (2 * s2 + 4 * k), R, d);
+                dot_slot(acc, slot_bytes(w[k], h[k], mask, b, 3), qu + 4 * (3 * s2 + 4 * k), R, d);
             }
         }
     }
@@ -410,10 +441,10 @@ static ALWAYS_INLINE VNNI void dot16_vnni(const int8_t *qd, const float *unit, c
     }
 }
 
-/* Scores of tokens [t0, t0 + n) for R rows of b-bit codes (2, 4, 8; code
- * rows of whole 16-byte pieces) with VNNI: 16 tokens a step by dot16_vnni,
- * the float kernels for a group's last tokens short of 16 and for groups
- * whose q' prep_digits declines. */
+/* Scores of tokens [t0, t0 + n) for R rows of b-bit codes (2, 4, 8 with
+ * code rows of whole 16-byte pieces; 3 at d = 128 and 256) with VNNI: 16
+ * tokens a step by dot16_vnni, the float kernels for a group's last tokens
+ * short of 16 and for groups whose q' prep_digits declines. */
 static ALWAYS_INLINE VNNI void score_rows_vnni(const float *q, const int R, const int d, int G, const int b,
                                                const uint8_t *blk, int block_tokens, int t0, int n, float *logits,
                                                int ld, float *scratch) {
@@ -429,10 +460,12 @@ static ALWAYS_INLINE VNNI void score_rows_vnni(const float *q, const int R, cons
             for (; t + 16 <= end; t += 16)
                 dot16_vnni(qd, unit, qz, blk + (size_t)t * cb, cb, d, b, R, logits + (t - t0), ld);
         if (t < end) {
-            prep_keys(q, R, d, b, (int)cb, false, sc, sc + d, qs, qz);
+            if (b == 3) prep_keys(q, R, d, 2, d / 4, true, sc, sc + d, qs, qz);
+            else prep_keys(q, R, d, b, (int)cb, false, sc, sc + d, qs, qz);
             for (; t < end; t++) {
                 __m512 acc[8][4];
-                dot_tokens(qs, blk + (size_t)t * cb, cb, (int)cb, b, 1, R, acc);
+                if (b == 3) dot_tokens_b3(qs, blk + (size_t)t * cb, cb, d, false, 1, R, acc);
+                else dot_tokens(qs, blk + (size_t)t * cb, cb, (int)cb, b, 1, R, acc);
                 for (int r = 0; r < R; r++)
                     logits[(size_t)r * ld + (t - t0)] = _mm512_reduce_add_ps(acc[0][r]) + qz[r];
             }
@@ -454,6 +487,12 @@ static ALWAYS_INLINE VNNI void score_vnni_rows(const float *q, int R, const int 
 
 static VNNI bool score_vnni(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                             int t0, int n, float *logits, int ld, float *scratch) {
+    if (bits == 3) { /* the 1-bit plane's pieces must hold whole slots of 16 channels */
+        if (d == 128) score_vnni_rows(q, R, 128, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
+        else if (d == 256) score_vnni_rows(q, R, 256, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
+        else return false;
+        return true;
+    }
     switch (d * bits / 8) {
     case 16:
         if (bits == 2) score_vnni_rows(q, R, 64, G, 2, blk, block_tokens, t0, n, logits, ld, scratch);
@@ -485,7 +524,7 @@ static VNNI bool score_vnni(const float *q, int R, int d, int G, int bits, const
 
 bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                                int t0, int n, float *logits, int ld, float *scratch) {
-    if ((bits == 2 || bits == 4 || bits == 8) && vq_cpu_has_avx512_vnni() &&
+    if ((bits == 2 || bits == 3 || bits == 4 || bits == 8) && vq_cpu_has_avx512_vnni() &&
         score_vnni(q, R, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch))
         return true;
     /* 3 bits: d a multiple of 128, or of 16 below 128 (across) */
