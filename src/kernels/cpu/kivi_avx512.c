@@ -8,8 +8,9 @@
  * times codes summed in int32 for values. Keys of 2, 4 and 8 bits whose
  * code rows are 16 to 256 bytes, and of 3 bits at d = 128 and 256, take a
  * VNNI form instead when the CPU has it (vpdpbusd of 16 tokens' codes with
- * q' rounded to integers in three byte digits; "keys by VNNI" below). Keys: kivi_avx2.c's driver calls
- * vq_kivi_score_rows_avx512 for its row groups when the shape allows.
+ * q' rounded to integers in three byte digits; "keys by VNNI" below).
+ * Keys: kivi_avx2.c's driver calls vq_kivi_score_rows_avx512 for its row
+ * groups when the shape allows.
  * Values: vq_kivi_accum_avx512 is a whole driver of its own, which also
  * builds each chunk's tables (the (scale, zero) floats by group, the int16
  * weights) with AVX-512.
@@ -322,7 +323,8 @@ static ALWAYS_INLINE VNNI bool prep_digits(const float *q, const int R, const in
     __m512 f[4];
     for (int r = 0; r < R; r++) f[r] = _mm512_permutexvar_ps(_mm512_set1_epi32(4 * r), fv);
     const __m512i bias = _mm512_set1_epi32(128 + 128 * 256);
-    const __m512i gather = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, -1, -1, -1, -1));
+    const __m512i gather =
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, -1, -1, -1, -1));
     const __m512i flip = _mm512_broadcast_i32x4(_mm_setr_epi32((int)0x80808080, (int)0x80808080, 0, 0));
     for (int c = 0; c < d; c += 16) {
         const __m512 sf = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + c)));
@@ -385,7 +387,10 @@ static ALWAYS_INLINE __m512i slot_bytes(__m512i w, __m512i h, const __m512i mask
     if (b != 3) return _mm512_and_si512(x, mask);
     /* bit 2 j of each byte to bit 2 (rotations: the bits that wrap around
      * land outside the mask) */
-    __m512i hb = j == 0 ? _mm512_rol_epi32(h, 2) : j == 1 ? h : j == 2 ? _mm512_ror_epi32(h, 2) : _mm512_ror_epi32(h, 4);
+    __m512i hb = j == 0   ? _mm512_rol_epi32(h, 2)
+                 : j == 1 ? h
+                 : j == 2 ? _mm512_ror_epi32(h, 2)
+                          : _mm512_ror_epi32(h, 4);
     return _mm512_ternarylogic_epi32(x, _mm512_and_si512(hb, _mm512_set1_epi8(4)), mask, 0xEC);
 }
 
@@ -399,7 +404,8 @@ static ALWAYS_INLINE __m512i slot_bytes(__m512i w, __m512i h, const __m512i mask
  * holds the same channels' high bits: channel j s2 + u + 4 k + i is bit
  * 2 j + u / s1 of 1-bit byte (u mod s1) + 4 k + i (s1 = d / 8). */
 static ALWAYS_INLINE VNNI void dot16_vnni(const int8_t *qd, const float *unit, const float *qz, const uint8_t *c,
-                                          const size_t cb, const int d, const int b, const int R, float *logits, int ld) {
+                                          const size_t cb, const int d, const int b, const int R, float *logits,
+                                          int ld) {
     __m512i acc[4][3];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_si512();
     const int bl = b == 3 ? 2 : b; /* bits of the plane set read by slots */
@@ -434,7 +440,8 @@ static ALWAYS_INLINE VNNI void dot16_vnni(const int8_t *qd, const float *unit, c
         }
     }
     for (int r = 0; r < R; r++) {
-        __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][2]), _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(acc[r][1]));
+        __m512 s =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][2]), _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(acc[r][1]));
         s = _mm512_fmadd_ps(s, _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(acc[r][0]));
         _mm512_storeu_ps(logits + (size_t)r * ld,
                          _mm512_fmadd_ps(s, _mm512_set1_ps(unit[4 * r]), _mm512_set1_ps(qz[4 * r])));
@@ -487,7 +494,7 @@ static ALWAYS_INLINE VNNI void score_vnni_rows(const float *q, int R, const int 
 
 static VNNI bool score_vnni(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                             int t0, int n, float *logits, int ld, float *scratch) {
-    if (bits == 3) { /* the 1-bit plane's pieces must hold whole slots of 16 channels */
+    if (bits == 3) { /* each 16-byte piece of the 1-bit plane inside one slot: d / 8 a multiple of 16 */
         if (d == 128) score_vnni_rows(q, R, 128, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
         else if (d == 256) score_vnni_rows(q, R, 256, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
         else return false;
