@@ -296,7 +296,13 @@ bool vq_cpu_has_avx2(void);
 bool vq_cpu_has_avx512(void);
 /* True when the level in use is VQ_CPU_AVX512 and the CPU has AVX512_BF16. */
 bool vq_cpu_has_avx512_bf16(void);
+/* True when the level in use is VQ_CPU_AVX512, the CPU has AVX512_VNNI
+ * and vq_cpu_hide_vnni has not hidden it. */
 bool vq_cpu_has_avx512_vnni(void);
+/* For tests: hide AVX512_VNNI (true) so that level avx512 runs the kernels
+ * an AVX-512 CPU without it (Skylake-X) runs; not thread-safe, set it
+ * between calls. */
+void vq_cpu_hide_vnni(bool hide);
 
 /* fp32 helpers with scalar and AVX2 bodies, picked at run time. */
 float vq_dot_f32(const float *a, const float *b, int n);

@@ -1,10 +1,12 @@
 /* Fused attention against "decode the cache, then fp64 attention", over
  * methods, head dims, GQA ratios, sequence lengths, prefill chunks with
- * causal masks, fp16 output, every kernel level, thread counts, and
- * softmaxes sharp enough to underflow most weights. */
+ * causal masks, fp16 output, every kernel level (and level avx512 with
+ * AVX512_VNNI hidden), thread counts, and softmaxes sharp enough to
+ * underflow most weights. */
 #include "check.h"
 #include "synth.h"
 #include "veloxquant.h"
+#include "vq_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -83,14 +85,21 @@ int main(void) {
     vq_pool *pool;
     vq_pool_create(2, &pool);
     vq_cpu_level best = vq_cpu_detect();
-    for (int lvl = VQ_CPU_SCALAR; lvl <= best; lvl++) {
+    /* every level, then (on a CPU with AVX512_VNNI) level avx512 once more
+     * with VNNI hidden: the KIVI kernels of an AVX-512 CPU without it */
+    vq_cpu_set_level(best);
+    const bool vnni = vq_cpu_has_avx512_vnni();
+    for (int pass = VQ_CPU_SCALAR; pass <= (int)best + (vnni ? 1 : 0); pass++) {
+        const int lvl = pass > (int)best ? (int)best : pass;
         vq_cpu_set_level((vq_cpu_level)lvl);
+        vq_cpu_hide_vnni(pass > (int)best);
+        const char *lname = pass > (int)best ? "avx512 without VNNI" : vq_cpu_level_name((vq_cpu_level)lvl);
         /* sequence lengths around group and block edges */
         int seqs[] = {1, 31, 32, 33, 129, 5000};
         for (int si = 0; si < 6; si++)
             for (int s = 0; s < n_specs; s++) {
                 double e = run_case(specs[s], 8, 2, 128, seqs[si], 1, pool, NULL);
-                CHECK(e < 1e-4, "[%s] %s seq %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs[s], seqs[si], e);
+                CHECK(e < 1e-4, "[%s] %s seq %d: rel err %.3g", lname, specs[s], seqs[si], e);
             }
         /* head dims and GQA ratios (7: a kv head's rows go 4, 2 and 1 at a
          * time through the KIVI kernels; at level avx512 the 4-row groups of
@@ -102,7 +111,7 @@ int main(void) {
                 for (int s = 0; s < 5; s++) {
                     int hkv = 2, hq = hkv * ratios[ri];
                     double e = run_case(specs[s], hq, hkv, dims[di], 700, 1, pool, NULL);
-                    CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs[s],
+                    CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", lname, specs[s],
                           dims[di], ratios[ri], e);
                 }
         /* head dim 96: plane strides that are not whole 16-byte runs (KIVI
@@ -120,7 +129,7 @@ int main(void) {
         for (int ri = 0; ri < 3; ri++)
             for (int s = 0; s < 10; s++) {
                 double e = run_case(specs96[s], 2 * ratios96[ri], 2, 96, 700, 1, pool, NULL);
-                CHECK(e < 1e-4, "[%s] %s d 96 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs96[s],
+                CHECK(e < 1e-4, "[%s] %s d 96 gqa %d: rel err %.3g", lname, specs96[s],
                       ratios96[ri], e);
             }
         /* head dim 80: value groups of 32 leave a last group of 16 (of
@@ -137,11 +146,11 @@ int main(void) {
         for (int ri = 0; ri < 3; ri++) {
             for (int s = 0; s < 9; s++) {
                 double e = run_case(specs80[s], 2 * ratios96[ri], 2, 80, 700, 1, pool, NULL);
-                CHECK(e < 1e-4, "[%s] %s d 80 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs80[s],
+                CHECK(e < 1e-4, "[%s] %s d 80 gqa %d: rel err %.3g", lname, specs80[s],
                       ratios96[ri], e);
             }
             double e = run_case("kivi:bits=3", 2 * ratios96[ri], 2, 64, 700, 1, pool, NULL);
-            CHECK(e < 1e-4, "[%s] kivi:bits=3 d 64 gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+            CHECK(e < 1e-4, "[%s] kivi:bits=3 d 64 gqa %d: rel err %.3g", lname,
                   ratios96[ri], e);
         }
         /* KIVI at head dims 48 and 112: 2-bit planes of 12 and 28 bytes,
@@ -156,7 +165,7 @@ int main(void) {
             for (int ri = 0; ri < 2; ri++)
                 for (int s = 0; s < 5; s++) {
                     double e = run_case(specs_k[s], 2 * kratios[ri], 2, kdims[di], 700, 1, pool, NULL);
-                    CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+                    CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", lname,
                           specs_k[s], kdims[di], kratios[ri], e);
                 }
         /* tq-prod's sign sketches (m = d signs a token) at level avx512:
@@ -169,7 +178,7 @@ int main(void) {
             for (int ri = 0; ri < 2; ri++)
                 for (int s = 0; s < 3; s++) {
                     double e = run_case(specs_p[s], 2 * kratios[ri], 2, pq_dims[di], 700, 1, pool, NULL);
-                    CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+                    CHECK(e < 1e-4, "[%s] %s d %d gqa %d: rel err %.3g", lname,
                           specs_p[s], pq_dims[di], kratios[ri], e);
                 }
         /* PolarQuant 4/2/2/2 at head dims that are not whole groups of 8
@@ -179,7 +188,7 @@ int main(void) {
         for (int di = 0; di < 5; di++)
             for (int ri = 0; ri < 3; ri++) {
                 double e = run_case("polar", 2 * ratios96[ri], 2, pdims[di], 700, 1, pool, NULL);
-                CHECK(e < 1e-4, "[%s] polar d %d gqa %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), pdims[di],
+                CHECK(e < 1e-4, "[%s] polar d %d gqa %d: rel err %.3g", lname, pdims[di],
                       ratios96[ri], e);
             }
         /* d = 48 and 64 take four tokens a register at level avx512, d = 80
@@ -188,7 +197,7 @@ int main(void) {
         for (int di = 0; di < 3; di++)
             for (int extra = 1; extra <= 3; extra++) {
                 double e = run_case("polar:residual=0", 8, 2, pdims[di], 640 + extra, 1, pool, NULL);
-                CHECK(e < 1e-4, "[%s] polar d %d, %d tokens: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+                CHECK(e < 1e-4, "[%s] polar d %d, %d tokens: rel err %.3g", lname,
                       pdims[di], 640 + extra, e);
             }
         /* head dim 48: 2- and 3-bit parts of 48 channels alone (2-bit
@@ -196,13 +205,13 @@ int main(void) {
         const char *specs48[] = {"tq-mse:bits=2", "tq-mse:bits=3", "tq-mse:bits=2.5"};
         for (int s = 0; s < 3; s++) {
             double e = run_case(specs48[s], 8, 2, 48, 700, 1, pool, NULL);
-            CHECK(e < 1e-4, "[%s] %s d 48: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs48[s], e);
+            CHECK(e < 1e-4, "[%s] %s d 48: rel err %.3g", lname, specs48[s], e);
         }
         /* keys x 60: most weights underflow to 0 or to subnormals (a value
          * chunk whose weights all did once gave NaN through an inf scale) */
         for (int s = 0; s < n_specs; s++) {
             double e = run_scaled(specs[s], 8, 2, 128, 1500, 1, pool, NULL, 60.0f);
-            CHECK(e < 1e-4, "[%s] %s keys x 60: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs[s], e);
+            CHECK(e < 1e-4, "[%s] %s keys x 60: rel err %.3g", lname, specs[s], e);
         }
         /* query heads of zeros and of 1e-30 times q next to normal ones in
          * one GQA group (KIVI's VNNI keys leave such groups to the float
@@ -212,7 +221,7 @@ int main(void) {
         const float qscale[4] = {1.0f, 0.0f, 1e-30f, 2.0f};
         for (int s = 0; s < 4; s++) {
             double e = run_qk(qspecs[s], 8, 2, 128, 700, 1, pool, NULL, 1.0f, qscale);
-            CHECK(e < 1e-4, "[%s] %s zero and tiny q heads: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl),
+            CHECK(e < 1e-4, "[%s] %s zero and tiny q heads: rel err %.3g", lname,
                   qspecs[s], e);
         }
         /* prefill chunks: many query rows with a causal mask (row mode) and
@@ -221,10 +230,11 @@ int main(void) {
         for (int ni = 0; ni < 2; ni++)
             for (int s = 0; s < n_specs; s++) {
                 double e = run_case(specs[s], 8, 2, 64, 1000, nqs[ni], pool, NULL);
-                CHECK(e < 1e-4, "[%s] %s prefill n_q %d: rel err %.3g", vq_cpu_level_name((vq_cpu_level)lvl), specs[s],
+                CHECK(e < 1e-4, "[%s] %s prefill n_q %d: rel err %.3g", lname, specs[s],
                       nqs[ni], e);
             }
     }
+    vq_cpu_hide_vnni(false);
     vq_cpu_set_level(VQ_CPU_AUTO);
 
     /* bit-identical results for 1, 2 and 4 threads */

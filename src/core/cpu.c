@@ -67,10 +67,15 @@ bool vq_cpu_has_avx512_bf16(void) {
 #endif
 }
 
-/* AVX512_VNNI likewise (the KIVI value kernel's vpdpwssd). */
+/* Set by vq_cpu_hide_vnni. */
+static bool vnni_hidden;
+
+void vq_cpu_hide_vnni(bool hide) { vnni_hidden = hide; }
+
+/* AVX512_VNNI likewise (the KIVI kernels' vpdpwssd and vpdpbusd). */
 bool vq_cpu_has_avx512_vnni(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (vq_cpu_level_in_use() != VQ_CPU_AVX512) return false;
+    if (vnni_hidden || vq_cpu_level_in_use() != VQ_CPU_AVX512) return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni");
 #else
