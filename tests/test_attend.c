@@ -219,11 +219,11 @@ int main(void) {
          * of normal heads */
         const char *qspecs[] = {"kivi:bits=2", "kivi:bits=3", "kivi:bits=4", "kivi:bits=8"};
         const float qscale[4] = {1.0f, 0.0f, 1e-30f, 2.0f};
-        for (int s = 0; s < 4; s++) {
-            double e = run_qk(qspecs[s], 8, 2, 128, 700, 1, pool, NULL, 1.0f, qscale);
-            CHECK(e < 1e-4, "[%s] %s zero and tiny q heads: rel err %.3g", lname,
-                  qspecs[s], e);
-        }
+        for (int s = 0; s < 4; s++)
+            for (int dq = 64; dq <= 128; dq += 64) {
+                double e = run_qk(qspecs[s], 8, 2, dq, 700, 1, pool, NULL, 1.0f, qscale);
+                CHECK(e < 1e-4, "[%s] %s d %d, zero and tiny q heads: rel err %.3g", lname, qspecs[s], dq, e);
+            }
         /* prefill chunks: many query rows with a causal mask (row mode) and
          * a few rows (split mode) */
         int nqs[] = {3, 40};

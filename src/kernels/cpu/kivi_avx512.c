@@ -6,7 +6,7 @@
  * header has the why): q' = q * scale with the slot's power of two, masked
  * codes in place, FMAs into float partial sums for keys; int16 weight pairs
  * times codes summed in int32 for values. Keys of 2, 4 and 8 bits whose
- * code rows are 16 to 256 bytes, and of 3 bits at d = 128 and 256, take a
+ * code rows are 16 to 256 bytes, and of 3 bits at d = 64, 128 and 256, take a
  * VNNI form instead when the CPU has it (vpdpbusd of 16 tokens' codes with
  * q' rounded to integers in three byte digits; "keys by VNNI" below).
  * Keys: kivi_avx2.c's driver calls vq_kivi_score_rows_avx512 for its row
@@ -399,10 +399,11 @@ static ALWAYS_INLINE __m512i slot_bytes(__m512i w, __m512i h, const __m512i mask
  * so that lane t holds token t's dword k; slot j of it, masked to bytes,
  * holds 4 channels' codes, which one vpdpbusd per (row, digit) multiplies
  * by the rows' digits of those channels and sums. No reduction tree: the
- * lanes are the tokens. 3 bits (d a multiple of 128): the 2-bit plane set
+ * lanes are the tokens. 3 bits (d = 128, 256): the 2-bit plane set
  * (s2 = d / 4 bytes) by pieces, each with the 1-bit plane's piece that
  * holds the same channels' high bits: channel j s2 + u + 4 k + i is bit
- * 2 j + u / s1 of 1-bit byte (u mod s1) + 4 k + i (s1 = d / 8). */
+ * 2 j + u / s1 of 1-bit byte (u mod s1) + 4 k + i (s1 = d / 8); at d = 64
+ * (s1 = 8) bit 2 j + k / 2 of byte 4 (k mod 2) + i. */
 static ALWAYS_INLINE VNNI void dot16_vnni(const int8_t *qd, const float *unit, const float *qz, const uint8_t *c,
                                           const size_t cb, const int d, const int b, const int R, float *logits,
                                           int ld) {
@@ -414,7 +415,14 @@ static ALWAYS_INLINE VNNI void dot16_vnni(const int8_t *qd, const float *unit, c
     for (size_t u = 0; u < s2; u += 16) {
         __m512i w[4], h[4];
         transpose16(c + u, cb, w);
-        if (b == 3) {
+        if (b == 3 && s1 == 8) {
+            /* d = 64: one piece u = 0; dwords 0 and 1 of the 1-bit plane
+             * (bytes 8-15 of the piece are the next token's or the
+             * metadata's) serve k = 0, 1 at slot 2 j and k = 2, 3 at 2 j + 1 */
+            transpose16(c + s2, cb, h);
+            h[2] = _mm512_srli_epi32(h[0], 1);
+            h[3] = _mm512_srli_epi32(h[1], 1);
+        } else if (b == 3) {
             transpose16(c + s2 + u % s1, cb, h);
             const __m128i first = _mm_cvtsi32_si128((int)(u / s1));
             for (int k = 0; k < 4; k++) h[k] = _mm512_srl_epi32(h[k], first);
@@ -449,7 +457,7 @@ static ALWAYS_INLINE VNNI void dot16_vnni(const int8_t *qd, const float *unit, c
 }
 
 /* Scores of tokens [t0, t0 + n) for R rows of b-bit codes (2, 4, 8 with
- * code rows of whole 16-byte pieces; 3 at d = 128 and 256) with VNNI: 16
+ * code rows of whole 16-byte pieces; 3 at d = 64, 128, 256) with VNNI: 16
  * tokens a step by dot16_vnni, the float kernels for a group's last tokens
  * short of 16 and for groups whose q' prep_digits declines. */
 static ALWAYS_INLINE VNNI void score_rows_vnni(const float *q, const int R, const int d, int G, const int b,
@@ -471,7 +479,7 @@ static ALWAYS_INLINE VNNI void score_rows_vnni(const float *q, const int R, cons
             else prep_keys(q, R, d, b, (int)cb, false, sc, sc + d, qs, qz);
             for (; t < end; t++) {
                 __m512 acc[8][4];
-                if (b == 3) dot_tokens_b3(qs, blk + (size_t)t * cb, cb, d, false, 1, R, acc);
+                if (b == 3) dot_tokens_b3(qs, blk + (size_t)t * cb, cb, d, d % 128 != 0, 1, R, acc);
                 else dot_tokens(qs, blk + (size_t)t * cb, cb, (int)cb, b, 1, R, acc);
                 for (int r = 0; r < R; r++)
                     logits[(size_t)r * ld + (t - t0)] = _mm512_reduce_add_ps(acc[0][r]) + qz[r];
@@ -494,8 +502,9 @@ static ALWAYS_INLINE VNNI void score_vnni_rows(const float *q, int R, const int 
 
 static VNNI bool score_vnni(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                             int t0, int n, float *logits, int ld, float *scratch) {
-    if (bits == 3) { /* each 16-byte piece of the 1-bit plane inside one slot: d / 8 a multiple of 16 */
-        if (d == 128) score_vnni_rows(q, R, 128, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
+    if (bits == 3) { /* each 16-byte piece of the 1-bit plane inside one slot (d / 8 a multiple of 16), or d = 64 */
+        if (d == 64) score_vnni_rows(q, R, 64, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
+        else if (d == 128) score_vnni_rows(q, R, 128, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
         else if (d == 256) score_vnni_rows(q, R, 256, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
         else return false;
         return true;
