@@ -500,48 +500,44 @@ static ALWAYS_INLINE VNNI void score_vnni_rows(const float *q, int R, const int 
     else score_rows_vnni(q, 1, d, G, b, blk, block_tokens, t0, n, logits, ld, scratch);
 }
 
+/* score_vnni_rows for head dim d and b bits, both constants; false when a
+ * token's codes are less than one 16-byte piece (the instance is then
+ * never built). */
+static ALWAYS_INLINE VNNI bool score_vnni_d(const float *q, int R, const int d, int G, const int b, const uint8_t *blk,
+                                            int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
+    if (d * b / 8 < 16) return false;
+    score_vnni_rows(q, R, d, G, b, blk, block_tokens, t0, n, logits, ld, scratch);
+    return true;
+}
+
+/* The head dims 16-256 (powers of two) for b bits: code rows of 16-256
+ * bytes; 3 bits at d = 64, 128 and 256 (dot16_vnni's 1-bit pieces). */
+static ALWAYS_INLINE VNNI bool score_vnni_bits(const float *q, int R, int d, int G, const int b, const uint8_t *blk,
+                                               int block_tokens, int t0, int n, float *logits, int ld, float *scratch) {
+    switch (d) {
+    case 16: return score_vnni_d(q, R, 16, G, b, blk, block_tokens, t0, n, logits, ld, scratch);
+    case 32: return score_vnni_d(q, R, 32, G, b, blk, block_tokens, t0, n, logits, ld, scratch);
+    case 64: return score_vnni_d(q, R, 64, G, b, blk, block_tokens, t0, n, logits, ld, scratch);
+    case 128: return score_vnni_d(q, R, 128, G, b, blk, block_tokens, t0, n, logits, ld, scratch);
+    case 256: return score_vnni_d(q, R, 256, G, b, blk, block_tokens, t0, n, logits, ld, scratch);
+    default: return false;
+    }
+}
+
 static VNNI bool score_vnni(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                             int t0, int n, float *logits, int ld, float *scratch) {
-    if (bits == 3) { /* each 16-byte piece of the 1-bit plane inside one slot (d / 8 a multiple of 16), or d = 64 */
-        if (d == 64) score_vnni_rows(q, R, 64, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
-        else if (d == 128) score_vnni_rows(q, R, 128, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
-        else if (d == 256) score_vnni_rows(q, R, 256, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
-        else return false;
-        return true;
-    }
-    switch (d * bits / 8) {
-    case 16:
-        if (bits == 2) score_vnni_rows(q, R, 64, G, 2, blk, block_tokens, t0, n, logits, ld, scratch);
-        else if (bits == 4) score_vnni_rows(q, R, 32, G, 4, blk, block_tokens, t0, n, logits, ld, scratch);
-        else score_vnni_rows(q, R, 16, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
-        return true;
-    case 32:
-        if (bits == 2) score_vnni_rows(q, R, 128, G, 2, blk, block_tokens, t0, n, logits, ld, scratch);
-        else if (bits == 4) score_vnni_rows(q, R, 64, G, 4, blk, block_tokens, t0, n, logits, ld, scratch);
-        else score_vnni_rows(q, R, 32, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
-        return true;
-    case 64:
-        if (bits == 2) score_vnni_rows(q, R, 256, G, 2, blk, block_tokens, t0, n, logits, ld, scratch);
-        else if (bits == 4) score_vnni_rows(q, R, 128, G, 4, blk, block_tokens, t0, n, logits, ld, scratch);
-        else score_vnni_rows(q, R, 64, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
-        return true;
-    case 128:
-        if (bits == 4) score_vnni_rows(q, R, 256, G, 4, blk, block_tokens, t0, n, logits, ld, scratch);
-        else if (bits == 8) score_vnni_rows(q, R, 128, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
-        else return false;
-        return true;
-    case 256:
-        if (bits == 8) score_vnni_rows(q, R, 256, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
-        else return false;
-        return true;
+    switch (bits) {
+    case 2: return score_vnni_bits(q, R, d, G, 2, blk, block_tokens, t0, n, logits, ld, scratch);
+    case 3: return score_vnni_bits(q, R, d, G, 3, blk, block_tokens, t0, n, logits, ld, scratch);
+    case 4: return score_vnni_bits(q, R, d, G, 4, blk, block_tokens, t0, n, logits, ld, scratch);
+    case 8: return score_vnni_bits(q, R, d, G, 8, blk, block_tokens, t0, n, logits, ld, scratch);
     default: return false;
     }
 }
 
 bool vq_kivi_score_rows_avx512(const float *q, int R, int d, int G, int bits, const uint8_t *blk, int block_tokens,
                                int t0, int n, float *logits, int ld, float *scratch) {
-    if ((bits == 2 || bits == 3 || bits == 4 || bits == 8) && vq_cpu_has_avx512_vnni() &&
-        score_vnni(q, R, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch))
+    if (vq_cpu_has_avx512_vnni() && score_vnni(q, R, d, G, bits, blk, block_tokens, t0, n, logits, ld, scratch))
         return true;
     /* 3 bits: d a multiple of 128, or of 16 below 128 (across) */
     if (bits == 3 ? d % 128 != 0 && (d % 16 != 0 || d > 128)
