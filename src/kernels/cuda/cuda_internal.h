@@ -6,6 +6,7 @@ extern "C" {
 #include "vq_internal.h"
 }
 
+#include <cuda.h> /* CUtensorMap (a type only: the driver API is reached through the runtime) */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -96,6 +97,10 @@ typedef struct {
     int dtype;
     const int32_t *pos; /* device, or NULL: last + 1 + i */
     int32_t last;
+    /* Set by vq_cu_launch_append where it can: the new K and V rows as 2-D
+     * tensors for the bulk tensor copy (encode.cu, stage_bulk) */
+    int tmaps;
+    CUtensorMap tmap[2];
 } vq_cu_append_args;
 cudaError_t vq_cu_launch_append(const vq_cu_append_args *a);
 /* Kernel attributes for the append kernels of a cache with tq-mse, once

@@ -34,6 +34,7 @@
 #include "codes.cuh"
 
 #include <cuda_bf16.h>
+#include <cudaTypedefs.h>
 #include <stdint.h>
 
 #define WARPS 4  /* warps per thread block, each on its own items */
@@ -343,15 +344,35 @@ __device__ __forceinline__ void stage_bulk(const vq_cu_append_args &a, int h, in
     const unsigned bytes = (unsigned)a.d * 2;
     __syncwarp(); /* earlier reads of the tile are done */
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    if (L.lane == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(B.bar), "r"(bytes * n) : "memory");
-    __syncwarp();
-    if (L.lane < n) {
-        const char *src = row_addr(a, h, i + L.lane, value);
-        unsigned dst = (unsigned)__cvta_generic_to_shared(tile + L.lane * pitch);
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                     "l"(src), "r"(bytes), "r"(B.bar)
-                     : "memory");
+    if (a.tmaps && n == 32 && i >= a.win_n) {
+        /* 32 new rows: one tensor copy of a box of 32 tokens x (d + 8)
+         * channels from channel h d, which lands as the tile's padded rows
+         * (the 8 channels past the head are the next head's, or zeros past
+         * the last one, and nobody reads them). One instruction where a copy
+         * per row took a 32-trip issue loop (the loop's branches held ~15 %
+         * of the kernel's stall samples on an H200). */
+        if (L.lane == 0) {
+            const unsigned dst = (unsigned)__cvta_generic_to_shared(tile);
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(B.bar),
+                         "r"((unsigned)pitch * 2 * 32)
+                         : "memory");
+            asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                         "[%4];\n" ::"r"(dst),
+                         "l"(&a.tmap[value]), "r"(h * a.d), "r"(i - a.win_n), "r"(B.bar)
+                         : "memory");
+        }
+    } else {
+        if (L.lane == 0)
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(B.bar), "r"(bytes * n)
+                         : "memory");
+        __syncwarp();
+        if (L.lane < n) {
+            const char *src = row_addr(a, h, i + L.lane, value);
+            unsigned dst = (unsigned)__cvta_generic_to_shared(tile + L.lane * pitch);
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                         "l"(src), "r"(bytes), "r"(B.bar)
+                         : "memory");
+        }
     }
     unsigned done;
     do {
@@ -890,7 +911,8 @@ __device__ __forceinline__ void run_item(const vq_cu_append_args &a, int item, i
 template <int PATHS, bool COPY>
 __global__ void __launch_bounds__(WARPS * 32, PATHS == PATH_TQ && COPY ? TQ_BULK_BLOCKS : 4)
     append_kernel(const __grid_constant__ vq_cu_append_args a, int unit, int enc_units, int items, bool aligned) {
-    extern __shared__ uint4 tiles[]; /* quantizers: one tile per warp, then one prm per warp */
+    extern __shared__ __align__(128) uint4 tiles[]; /* quantizers: one tile per warp, then one prm per warp
+                                                      * (128-byte aligned tiles: the tensor copy's destination) */
     __shared__ float2 cells[2][VQ_CU_TQ_CELLS]; /* tq-mse cell tables, k then v */
     __shared__ uint64_t bars[WARPS];            /* one mbarrier per warp for its bulk copies */
     const int warp = threadIdx.x / 32;
@@ -950,7 +972,47 @@ cudaError_t vq_cu_append_init(void) {
                                 cudaSharedmemCarveoutMaxShared);
 }
 
-cudaError_t vq_cu_launch_append(const vq_cu_append_args *a) {
+/* cuTensorMapEncodeTiled from the driver, through the runtime (no link to
+ * the driver library); NULL where the driver has none. */
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    static bool asked;
+    if (!asked) {
+        cudaDriverEntryPointQueryResult q;
+        void *p = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        asked = true;
+    }
+    return fn;
+}
+
+/* The new K and V rows ([n][H][d], fp16 or bf16 bits, 16-byte aligned) as
+ * 2-D tensors of n rows of H d channels, boxes of 32 rows by d + 8
+ * channels: a staged tile with its padding (stage_bulk). Only at head dims
+ * 64 and 128 (32-row tiles; the box's row stays within its 256-element
+ * limit). Returns whether both maps were made. */
+static bool tensor_maps(vq_cu_append_args *a) {
+    if ((a->d != 64 && a->d != 128) || a->dtype == VQ_F32 || a->n < 32) return false;
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)a->H * a->d, (cuuint64_t)a->n};
+    const cuuint64_t stride[1] = {(cuuint64_t)a->H * a->d * 2};
+    const cuuint32_t box[2] = {(cuuint32_t)a->d + 8, 32}, estride[2] = {1, 1};
+    const void *src[2] = {a->k, a->v};
+    for (int x = 0; x < 2; x++)
+        if (enc(&a->tmap[x], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)src[x], dims, stride, box, estride,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+            return false;
+    return true;
+}
+
+cudaError_t vq_cu_launch_append(const vq_cu_append_args *args) {
+    vq_cu_append_args b = *args;
+    const vq_cu_append_args *a = &b;
     /* a unit holds whole key groups (flush tokens) and at least 32 tokens */
     int unit = a->flush >= 32 ? a->flush : 32;
     int enc_tokens = a->flushes * a->flush;
@@ -964,6 +1026,8 @@ cudaError_t vq_cu_launch_append(const vq_cu_append_args *a) {
     size_t smem = quant ? (size_t)WARPS * tile_rows(a->d) * (a->d + 8) * sizeof(uint16_t) : 0;
     smem += (size_t)WARPS * prm_slots(*a) * sizeof(float4);
     bool aligned = ((uintptr_t)a->k | (uintptr_t)a->v) % 16 == 0;
+    /* the kernel instances that stage by bulk copies (launch) */
+    b.tmaps = quant && aligned && tensor_maps(&b);
     const int paths = (a->mk.kind == VQ_CU_KIVI || a->mv.kind == VQ_CU_KIVI ? PATH_KIVI : 0) |
                       (a->mk.kind == VQ_CU_TQ_MSE || a->mv.kind == VQ_CU_TQ_MSE ? PATH_TQ : 0);
     switch (paths) {
