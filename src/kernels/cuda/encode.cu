@@ -973,19 +973,15 @@ cudaError_t vq_cu_append_init(void) {
 }
 
 /* cuTensorMapEncodeTiled from the driver, through the runtime (no link to
- * the driver library); NULL where the driver has none. */
+ * the driver library); NULL where the driver has none. Looked up once (a
+ * static's initializer: safe when several threads append at once). */
 static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn;
-    static bool asked;
-    if (!asked) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
         cudaDriverEntryPointQueryResult q;
         void *p = NULL;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
-        asked = true;
-    }
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+        return e == cudaSuccess && q == cudaDriverEntryPointSuccess ? (PFN_cuTensorMapEncodeTiled_v12000)p : nullptr;
+    }();
     return fn;
 }
 
