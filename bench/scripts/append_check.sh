@@ -66,48 +66,5 @@ for v in "${variants[@]}"; do
     "$BUILD/bench_cuda" --shape=1,1 "$ncu_spec" >/tmp/ncu_$name.log 2>&1 || { tail -5 /tmp/ncu_$name.log; continue; }
   "$NCU" -i "$rep.ncu-rep" --page raw --csv >"$rep.raw.csv"
   "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.src.csv" 2>/dev/null
-  python3 - "$rep.raw.csv" "$rep.src.csv" <<'EOF'
-import csv, re, sys
-from collections import Counter
-rows = list(csv.reader(open(sys.argv[1])))
-head, vals = rows[0], rows[-1]
-m = dict(zip(head, vals))
-def num(v):
-    try: return float(v.replace(',', ''))
-    except ValueError: return None
-keys = ['gpu__time_duration.sum', 'launch__registers_per_thread', 'smsp__inst_executed.sum',
-        'smsp__issue_active.avg.pct_of_peak_sustained_active', 'sm__warps_active.avg.pct_of_peak_sustained_active',
-        'smsp__inst_executed_op_local_ld.sum', 'smsp__inst_executed_op_shared_ld.sum',
-        'smsp__inst_executed_op_global_st.sum', 'dram__bytes_read.sum', 'dram__bytes_write.sum']
-for k in keys:
-    if k in m: print(f'{k:60s} {m[k]}')
-st = [(num(v), k) for k, v in m.items() if re.search(r'average_warps_issue_stalled_.*_per_issue_active\.ratio$', k)]
-st = sorted([s for s in st if s[0] is not None and s[0] >= 0.05], reverse=True)
-print('stalls per issue:', ', '.join(f"{k.split('stalled_')[1].split('_per_issue')[0]} {v:.2f}" for v, k in st))
-try:
-    src = list(csv.reader(open(sys.argv[2])))
-except OSError:
-    sys.exit(0)
-hi = next((i for i, r in enumerate(src) if any('Stall Sampling (All' in c for c in r)), None)
-if hi is None:
-    print('no source page'); sys.exit(0)
-h = src[hi]
-cs = next(i for i, c in enumerate(h) if 'Stall Sampling (All' in c)
-ce = next((i for i, c in enumerate(h) if c.startswith('Instructions Executed')), None)
-cx = next(i for i, c in enumerate(h) if c == 'Source')
-body = [r for r in src[hi + 1:] if len(r) > cs and num(r[cs]) is not None]
-tot = sum(num(r[cs]) for r in body) or 1
-ops = Counter(); ins = Counter()
-for r in body:
-    op = r[cx].strip().split()[0] if r[cx].strip() else '?'
-    if op.startswith('@'): op = r[cx].strip().split()[1]
-    op = op.split('.')[0]
-    ops[op] += num(r[cs]); ins[op] += num(r[ce]) if ce is not None and num(r[ce]) else 0
-print('stall samples by opcode (% samples / % instructions):')
-ti = sum(ins.values()) or 1
-print('  ' + ', '.join(f'{o} {100*s/tot:.1f}/{100*ins[o]/ti:.1f}' for o, s in ops.most_common(16)))
-print('top instructions by stall samples:')
-for r in sorted(body, key=lambda r: -num(r[cs]))[:20]:
-    print(f'  {100*num(r[cs])/tot:5.1f}%  {r[0]:>6s}  {r[cx].strip()[:90]}')
-EOF
+  python3 "$(dirname "$0")/ncu_summary.py" "$rep.raw.csv" "$rep.src.csv" --lines 20
 done
