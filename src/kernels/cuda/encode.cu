@@ -344,28 +344,27 @@ __device__ __forceinline__ void stage_bulk(const vq_cu_append_args &a, int h, in
     const unsigned bytes = (unsigned)a.d * 2;
     __syncwarp(); /* earlier reads of the tile are done */
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    if (a.tmaps && n == 32 && i >= a.win_n) {
-        /* 32 new rows: one tensor copy of a box of 32 tokens x (d + 8)
-         * channels from channel h d, which lands as the tile's padded rows
-         * (the 8 channels past the head are the next head's, or zeros past
-         * the last one, and nobody reads them). One instruction where a copy
-         * per row took a 32-trip issue loop (the loop's branches held ~15 %
-         * of the kernel's stall samples on an H200). */
+    /* 32 new rows: one tensor copy of a box of 32 tokens x (d + 8)
+     * channels from channel h d, which lands as the tile's padded rows (the
+     * 8 channels past the head are the next head's, or zeros past the last
+     * one, and nobody reads them). One instruction where a copy per row took
+     * a 32-trip issue loop (the loop's branches held ~15 % of the kernel's
+     * stall samples on an H200). Else a bulk copy per row. */
+    const bool box = a.tmaps && n == 32 && i >= a.win_n;
+    if (L.lane == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(B.bar),
+                     "r"(box ? (unsigned)pitch * 2 * 32 : bytes * n)
+                     : "memory");
+    if (box) {
         if (L.lane == 0) {
             const unsigned dst = (unsigned)__cvta_generic_to_shared(tile);
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(B.bar),
-                         "r"((unsigned)pitch * 2 * 32)
-                         : "memory");
             asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
                          "[%4];\n" ::"r"(dst),
                          "l"(&a.tmap[value]), "r"(h * a.d), "r"(i - a.win_n), "r"(B.bar)
                          : "memory");
         }
     } else {
-        if (L.lane == 0)
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(B.bar), "r"(bytes * n)
-                         : "memory");
-        __syncwarp();
+        __syncwarp(); /* the expected bytes are set before any copy completes */
         if (L.lane < n) {
             const char *src = row_addr(a, h, i + L.lane, value);
             unsigned dst = (unsigned)__cvta_generic_to_shared(tile + L.lane * pitch);
@@ -610,11 +609,14 @@ __device__ void enc_kivi_keys(const vq_cu_append_args &a, bool al, const vq_cu_m
                               const lanes &L, uint16_t *tile, float4 *prm, bulk &B) {
     const int d = a.d, G = m.group, cb = m.code_bytes, R = tile_rows(d), pitch = d + 8, np = d / 64;
     for (int g0 = i0; g0 < i0 + cnt; g0 += G) {
+        /* the group's block first: its block-table load then overlaps the
+         * tile's copy (read after the wait, it held 2.7 % of the kernel's
+         * stall samples on an H200) */
+        int t0;
+        uint8_t *blk = block_of(a, h, g0, &t0);
         float mn[KEY_PAIRS][2], mx[KEY_PAIRS][2];
         if (__any_sync(FULL, key_minmax<false>(a, al, h, g0, G, L, tile, B, mn, mx)))
             key_minmax<true>(a, al, h, g0, G, L, tile, B, mn, mx);
-        int t0;
-        uint8_t *blk = block_of(a, h, g0, &t0);
         /* the group's fp16 scales [d], then zeros [d] */
         uint32_t *sz = (uint32_t *)(blk + (size_t)a.bt * cb) + (size_t)(t0 / G) * d;
 #pragma unroll
@@ -636,20 +638,18 @@ __device__ void enc_kivi_keys(const vq_cu_append_args &a, bool al, const vq_cu_m
     }
 }
 
-/* One chunk of n <= tile_rows rows (stream tokens c ..) of KIVI values, a
- * lane per row: the row's groups' min and max (HMNMX2 on the tile's fp16
- * pairs), their (scale, zero) into the block and their parameters into prm
- * ([group][lane]), then the packed row (pack_row). Lanes from n on have no
- * row. */
+/* One chunk of n <= tile_rows rows of KIVI values, a lane per row: the
+ * row's groups' min and max (HMNMX2 on the tile's fp16 pairs), their
+ * (scale, zero) into the block and their parameters into prm
+ * ([group][lane]), then the packed row (pack_row). blk, t: the lane's
+ * row's value part and in-block token. Lanes from n on have no row. */
 template <int BITS>
-__device__ void vals_chunk(const vq_cu_append_args &a, const vq_cu_method &m, int h, int c, int n, int lane,
+__device__ void vals_chunk(const vq_cu_method &m, int d, int bt, uint8_t *blk, int t, int n, int lane,
                            const uint16_t *tile, float4 *prm) {
-    const int d = a.d, G = m.group, cb = m.code_bytes, ng = (d + G - 1) / G, pitch = d + 8;
+    const int G = m.group, cb = m.code_bytes, ng = (d + G - 1) / G, pitch = d + 8;
     const int gshift = __ffs(G) - 1; /* G is a power of two */
     if (lane >= n) return;
-    int t;
-    uint8_t *blk = block_at(a, h, cursor_at(a, c), lane, &t) + a.k_bytes;
-    uint32_t *meta = (uint32_t *)(blk + (size_t)a.bt * cb) + (size_t)t * ng;
+    uint32_t *meta = (uint32_t *)(blk + (size_t)bt * cb) + (size_t)t * ng;
     const uint16_t *row = tile + lane * pitch;
     for (int g = 0; g < ng; g++) {
         const int c0 = g * G, c1 = c0 + G < d ? c0 + G : d;
@@ -686,8 +686,12 @@ __device__ void enc_kivi_values(const vq_cu_append_args &a, bool al, const vq_cu
     const int R = tile_rows(a.d);
     for (int c = i0; c < i0 + cnt; c += R) {
         const int n = i0 + cnt - c < R ? i0 + cnt - c : R;
+        /* the lane's row's block before the staging, so that the
+         * block-table load overlaps the tile's copy */
+        int t = 0;
+        uint8_t *blk = L.lane < n ? block_at(a, h, cursor_at(a, c), L.lane, &t) + a.k_bytes : nullptr;
         stage(a, al, h, c, n, true, L, tile, B);
-        vals_chunk<BITS>(a, m, h, c, n, L.lane, tile, prm);
+        vals_chunk<BITS>(m, a.d, a.bt, blk, t, n, L.lane, tile, prm);
     }
 }
 
