@@ -140,8 +140,9 @@ static __device__ __forceinline__ float exp2_ftz(float x) {
 /* A register whose value does not matter: the A rows i + 8 of the zeros'
  * mma, whose sums (C elements 2 and 3) are never read. No instruction sets
  * it, where a 0 took a register move per operand and mma (in the 2-bit G4
- * FIXED instance 44 of ~990 instructions per block). G4 instances only:
- * with 8 q heads ptxas spilled more (stack 32 -> 72 bytes). */
+ * FIXED instance 44 of ~990 instructions per block; kivi 2-bit 0.6-0.9 %
+ * less time on an H200). PAIRS instances only: with 8 q heads ptxas spilled
+ * more (stack 32 -> 72 bytes), and kivi 4-bit took 0.5 % longer. */
 static __device__ __forceinline__ uint32_t unused_u32() {
     uint32_t x;
     asm("" : "=r"(x));
@@ -392,7 +393,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 #pragma unroll
             for (int s = 0; s < 8; s++) {
                 if constexpr (G4) { /* two chains: even and odd k-steps */
-                    mma16816((s & 1) ? qzl : qzc, zp[s][0], unused_u32(), zp[s][1], unused_u32(), qb[s][0], qb[s][1]);
+                    mma16816((s & 1) ? qzl : qzc, zp[s][0], PAIRS ? unused_u32() : 0u, zp[s][1], PAIRS ? unused_u32() : 0u,
+                             qb[s][0], qb[s][1]);
                 } else {
                     mma16816(qzc, zp[s][0], 0u, zp[s][1], 0u, qh[s][0], qh[s][1]);
                     mma16816(qzl, zp[s][0], 0u, zp[s][1], 0u, qb[s][0], qb[s][1]);
@@ -621,7 +623,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 const uint16_t *zp = vmeta + 2 * (i % NG) + 1;
                 uint32_t z01 = (uint32_t)zp[tq[0] * NG * 2] | (uint32_t)zp[tq[1] * NG * 2] << 16;
                 uint32_t z23 = (uint32_t)zp[tq[2] * NG * 2] | (uint32_t)zp[tq[3] * NG * 2] << 16;
-                mma16816(zacc, z01 & ok01, G4 ? unused_u32() : 0u, z23 & ok23, G4 ? unused_u32() : 0u, bp0, bp1);
+                mma16816(zacc, z01 & ok01, PAIRS ? unused_u32() : 0u, z23 & ok23, PAIRS ? unused_u32() : 0u, bp0, bp1);
             }
             if constexpr (VB == 2) {
                 /* the A fragments of 16 tokens in one ldmatrix.x4.trans of
