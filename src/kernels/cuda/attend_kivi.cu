@@ -167,6 +167,13 @@ static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.asyn
 template <int N>
 static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+/* The bit position of key k-step s's codes in their bytes (see
+ * key_channel): q's B operands of that k-step carry 2^-key_bit, so that
+ * the codes, exact fp16 subnormals code * 2^(key_bit - 24), give products
+ * in one unit whatever their bit position. */
+template <int KB>
+static __host__ __device__ constexpr int key_bit(int s) { return KB == 2 ? 2 * (s >> 1) : 4 * (s >> 2); }
+
 /* One k-step of a 16-token key tile into one accumulator: G4 one mma
  * (B holds hi and lo in its columns), else the hi and lo terms. */
 template <bool G4>
@@ -316,7 +323,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 int c = key_channel<KB>(j, s, 2 * e + x);
-                v[x] = qn < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + qn) * D + c] * qs : 0.0f;
+                v[x] = qn < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + qn) * D + c] * (qs / (float)(1 << key_bit<KB>(s))) : 0.0f;
             }
             qh[s][e] = pack_h2(v[0], v[1]);
             float2 hf = __half22float2(*(const __half2 *)&qh[s][e]);
@@ -387,21 +394,30 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
          * the sums of B columns 2j, 2j + 1 */
         float qzc[4] = {0, 0, 0, 0};
         {
-            float qzl[4] = {0, 0, 0, 0};
+            /* one chain per bit position: its B carries 2^-key_bit, taken
+             * out when the chains are summed */
+            constexpr int NP = 8 / KB;
+            float qzp[NP][4];
+#pragma unroll
+            for (int p = 0; p < NP; p++) qzp[p][0] = qzp[p][1] = qzp[p][2] = qzp[p][3] = 0;
             uint32_t zp[8][2];
             load_key_pairs<KB>(kmeta + (size_t)(i % ((bt + GK - 1) / GK)) * 2 * D + D, j, zp);
 #pragma unroll
             for (int s = 0; s < 8; s++) {
-                if constexpr (G4) { /* two chains: even and odd k-steps */
-                    mma16816((s & 1) ? qzl : qzc, zp[s][0], PAIRS ? unused_u32() : 0u, zp[s][1], PAIRS ? unused_u32() : 0u,
-                             qb[s][0], qb[s][1]);
+                float(&c)[4] = qzp[key_bit<KB>(s) / KB];
+                if constexpr (G4) {
+                    mma16816(c, zp[s][0], PAIRS ? unused_u32() : 0u, zp[s][1], PAIRS ? unused_u32() : 0u, qb[s][0],
+                             qb[s][1]);
                 } else {
-                    mma16816(qzc, zp[s][0], 0u, zp[s][1], 0u, qh[s][0], qh[s][1]);
-                    mma16816(qzl, zp[s][0], 0u, zp[s][1], 0u, qb[s][0], qb[s][1]);
+                    mma16816(c, zp[s][0], 0u, zp[s][1], 0u, qh[s][0], qh[s][1]);
+                    mma16816(c, zp[s][0], 0u, zp[s][1], 0u, qb[s][0], qb[s][1]);
                 }
             }
-            qzc[0] += qzl[0];
-            qzc[1] += qzl[1];
+#pragma unroll
+            for (int p = 0; p < NP; p++) {
+                qzc[0] = fmaf(qzp[p][0], (float)(1 << (KB * p)), qzc[0]);
+                qzc[1] = fmaf(qzp[p][1], (float)(1 << (KB * p)), qzc[1]);
+            }
         }
         float qz0 = 0, qz1 = 0;
 #pragma unroll
@@ -449,29 +465,23 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                     w[0][0] = x0.x, w[0][1] = x0.y, w[0][2] = x0.z, w[0][3] = x0.w;
                     w[1][0] = x1.x, w[1][1] = x1.y, w[1][2] = x1.z, w[1][3] = x1.w;
                 }
-                float a[4][4];
+                float a[1][4]; /* one chain */
 #pragma unroll
                 for (int x = 0; x < 4; x++) {
                     a[0][x] = (x & 1 ? qz1 : qz0) * SUB_UNIT;
-                    a[1][x] = a[2][x] = a[3][x] = 0;
                 }
 #pragma unroll
                 for (int s = 0; s < 8; s++) {
                     const int eo = s & 1, wd = KB == 2 ? 0 : 2 * ((s >> 1) & 1);
-                    const int k = KB == 2 ? 2 * (s >> 1) : 4 * (s >> 2);
+                    const int k = key_bit<KB>(s);
                     const uint32_t a0 = codes_sub(eo ? odd_bytes<KB>(w[0][wd]) : w[0][wd], KB, k);
                     const uint32_t a1 = codes_sub(eo ? odd_bytes<KB>(w[1][wd]) : w[1][wd], KB, k);
                     const uint32_t a2 = codes_sub(eo ? odd_bytes<KB>(w[0][wd + 1]) : w[0][wd + 1], KB, k);
                     const uint32_t a3 = codes_sub(eo ? odd_bytes<KB>(w[1][wd + 1]) : w[1][wd + 1], KB, k);
-                    key_mma<G4>(a[s >> 1], a0, a1, a2, a3, bqh[s], bql[G4 ? 0 : s]);
+                    key_mma<G4>(a[0], a0, a1, a2, a3, bqh[s], bql[G4 ? 0 : s]);
                 }
 #pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    if constexpr (KB == 2)
-                        cc[tt][x] = fmaf(a[3][x], 1.0f / 64, fmaf(a[2][x], 1.0f / 16, fmaf(a[1][x], 0.25f, a[0][x])));
-                    else
-                        cc[tt][x] = fmaf(a[2][x] + a[3][x], 1.0f / 16, a[0][x] + a[1][x]);
-                }
+                for (int x = 0; x < 4; x++) cc[tt][x] = a[0][x];
             }
 #pragma unroll
             for (int tt = 0; tt < 2; tt++) {
