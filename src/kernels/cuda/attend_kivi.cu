@@ -38,14 +38,16 @@
  * Codes as subnormals: a code masked in place at bit k of a half (k + bits
  * <= 10), with the exponent bits left 0, is the fp16 subnormal code *
  * 2^(k - 24), exact, and the tensor cores multiply subnormal inputs
- * exactly into fp32; so the A operands take one LOP3 per two codes. Every
- * accumulator sums codes of one bit position k only, and its power of two
- * is taken out afterwards: the value tiles are one bit position each (the
- * factor joins the merge's unit), and the key k-steps are ordered so that
- * each takes one bit position of four bytes of each token, with one
- * accumulator per bit position, combined once per tile (a0 + a1 / 4 +
- * a2 / 16 + a3 / 64 for 2 bits: bit position 2p carries 4^p); the scores
- * stay in units of 2^-24 up to the softmax. (The code ORed into a half
+ * exactly into fp32; so the A operands take one LOP3 per two codes. The
+ * value tiles are one bit position each, and their power of two is taken
+ * out afterwards (it joins the merge's unit). The key k-steps are ordered
+ * so that each takes one bit position k of four bytes of each token, and
+ * q's B operands of that k-step carry 2^-k (key_bit; q is scaled by it
+ * once, exactly), so every product is in units of 2^-24 and a tile's
+ * k-steps run in one accumulator chain (one chain per bit position,
+ * combined per tile as a0 + a1 / 4 + a2 / 16 + a3 / 64, took 2.5 % longer
+ * on an H200: more registers and instructions); the scores stay in units
+ * of 2^-24 up to the softmax. (The code ORed into a half
  * with exponent 25 - k, 2^(10-k) + code, would need a second instruction
  * to subtract 2^(10-k).)
  *
@@ -308,8 +310,10 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
      * as an fp16 hi + lo pair in the B fragment layout. G4: B column i
      * holds hi or lo of a head (PAIRS: hi if i is even, of head i / 2; else
      * hi if i < 4, of head i & 3), so one mma gives both terms of up to 4
-     * heads; qb is the lane's own term (qh or ql).
-     * Otherwise column i is head i and hi, lo take one mma each. */
+     * heads; qb is the lane's own term (qh or ql). PAIRS: qh stays only in
+     * the lanes of lo columns (0 in the others), for the select-free fold
+     * below. Otherwise column i is head i and hi, lo take one mma each. The
+     * values of k-step s carry 2^-key_bit(s). */
     const float qs = P.scale * 1.4426950408889634f * Q_SCALE;
     const bool lo_col = G4 && (PAIRS ? (i & 1) : i >= 4);
     const int qn = G4 ? (PAIRS ? i >> 1 : i & 3) : i;
@@ -323,14 +327,21 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 int c = key_channel<KB>(j, s, 2 * e + x);
-                v[x] = qn < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + qn) * D + c] * (qs / (float)(1 << key_bit<KB>(s))) : 0.0f;
+                const float qsb = qs / (float)(1 << key_bit<KB>(s));
+                v[x] = qn < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + qn) * D + c] * qsb : 0.0f;
             }
             qh[s][e] = pack_h2(v[0], v[1]);
             float2 hf = __half22float2(*(const __half2 *)&qh[s][e]);
             const uint32_t lo = pack_h2(v[0] - hf.x, v[1] - hf.y);
             qb[s][e] = G4 ? (lo_col ? lo : qh[s][e]) : lo;
+            if (PAIRS && !lo_col) qh[s][e] = 0;
         }
-    const int32_t qpos = vq_cu_has_qpos(P) ? vq_cu_qpos_at(P, seq) : INT32_MAX;
+    /* The full-block test below takes has_qpos, from the parameters alone:
+     * tested on qpos, the build with the PAIRS fold spent 12 % of its stall
+     * samples on that test's instruction (ncu, 8 x 131072), and ran 4.5 %
+     * longer than with the flag (H200). */
+    const bool has_qpos = vq_cu_has_qpos(P);
+    const int32_t qpos = has_qpos ? vq_cu_qpos_at(P, seq) : INT32_MAX;
 
     float m[NR], l[NR]; /* the lane's rows (log2 units) */
 #pragma unroll
@@ -438,7 +449,16 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                         const __half2 sc2 = *(const __half2 *)&sp[s][e];
                         const __half2 hi = __hmul2(a, sc2);
                         const __half2 lo = __hfma2(al, sc2, __hfma2(a, sc2, __hneg2(hi)));
-                        if constexpr (G4) {
+                        if constexpr (PAIRS) {
+                            /* the lane's own term from one formula: qh is 0
+                             * in the lanes of hi terms, so there lo is
+                             * q_hi * scale + 0 (q_hi in qb), rounded once
+                             * like hi. The select it replaces took one or two
+                             * register moves per pair; without it kivi 2-bit
+                             * 8 x 131072 ran 2.4 % faster on an H200 (the
+                             * 4-bit G4 instances keep it: they spilled) */
+                            bqh[s][e] = *(const uint32_t *)&lo;
+                        } else if constexpr (G4) {
                             bqh[s][e] = lo_col ? *(const uint32_t *)&lo : *(const uint32_t *)&hi;
                         } else {
                             bqh[s][e] = *(const uint32_t *)&hi;
@@ -448,10 +468,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 qz0 = __shfl_sync(0xffffffffu, qzc[0], 4 * (t0 / GK) + j);
                 qz1 = __shfl_sync(0xffffffffu, qzc[1], 4 * (t0 / GK) + j);
             }
-            /* the two tiles' scores (in units of 2^-24): one accumulator per
-             * bit position (4 bits: per bit position and half of the lane's
-             * bytes), four mma chains in flight per tile; the first starts
-             * at the zero sum */
+            /* the two tiles' scores (in units of 2^-24, see key_bit): one
+             * accumulator chain per tile, started at the zero sum */
             float cc[2][4];
 #pragma unroll
             for (int tt = 0; tt < 2; tt++) {
@@ -705,7 +723,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
          * ALU pipe is the kernel's busiest: -12 % of its instructions per
          * block). The test is uniform across the warp. */
         bool full = FIXED && n == MAX_BT;
-        if (full && qpos != INT32_MAX) {
+        if (full && has_qpos) {
             const int32_t *kpos = (const int32_t *)(kb + kbytes);
             full = __reduce_max_sync(0xffffffffu, max(kpos[lane], kpos[lane + 32])) <= qpos;
         }
