@@ -312,8 +312,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
      * hi if i < 4, of head i & 3), so one mma gives both terms of up to 4
      * heads; qb is the lane's own term (qh or ql). PAIRS: qh stays only in
      * the lanes of lo columns (0 in the others), for the select-free fold
-     * below. Otherwise column i is head i and hi, lo take one mma each. The
-     * values of k-step s carry 2^-key_bit(s). */
+     * below. Otherwise column i is head i and hi, lo take one mma each. qh and
+     * qb of k-step s carry 2^-key_bit(s). */
     const float qs = P.scale * 1.4426950408889634f * Q_SCALE;
     const bool lo_col = G4 && (PAIRS ? (i & 1) : i >= 4);
     const int qn = G4 ? (PAIRS ? i >> 1 : i & 3) : i;
@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
         }
     /* The full-block test below takes has_qpos, from the parameters alone:
      * tested on qpos, the build with the PAIRS fold spent 12 % of its stall
-     * samples on that test's instruction (ncu, 8 x 131072), and ran 4.5 %
+     * samples on that test's instruction (ncu, 8 x 131072), and ran 4.7 %
      * longer than with the flag (H200). */
     const bool has_qpos = vq_cu_has_qpos(P);
     const int32_t qpos = has_qpos ? vq_cu_qpos_at(P, seq) : INT32_MAX;
@@ -483,11 +483,9 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                     w[0][0] = x0.x, w[0][1] = x0.y, w[0][2] = x0.z, w[0][3] = x0.w;
                     w[1][0] = x1.x, w[1][1] = x1.y, w[1][2] = x1.z, w[1][3] = x1.w;
                 }
-                float a[1][4]; /* one chain */
+                float(&a)[4] = cc[tt];
 #pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    a[0][x] = (x & 1 ? qz1 : qz0) * SUB_UNIT;
-                }
+                for (int x = 0; x < 4; x++) a[x] = (x & 1 ? qz1 : qz0) * SUB_UNIT;
 #pragma unroll
                 for (int s = 0; s < 8; s++) {
                     const int eo = s & 1, wd = KB == 2 ? 0 : 2 * ((s >> 1) & 1);
@@ -496,10 +494,8 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                     const uint32_t a1 = codes_sub(eo ? odd_bytes<KB>(w[1][wd]) : w[1][wd], KB, k);
                     const uint32_t a2 = codes_sub(eo ? odd_bytes<KB>(w[0][wd + 1]) : w[0][wd + 1], KB, k);
                     const uint32_t a3 = codes_sub(eo ? odd_bytes<KB>(w[1][wd + 1]) : w[1][wd + 1], KB, k);
-                    key_mma<G4>(a[0], a0, a1, a2, a3, bqh[s], bql[G4 ? 0 : s]);
+                    key_mma<G4>(a, a0, a1, a2, a3, bqh[s], bql[G4 ? 0 : s]);
                 }
-#pragma unroll
-                for (int x = 0; x < 4; x++) cc[tt][x] = a[0][x];
             }
 #pragma unroll
             for (int tt = 0; tt < 2; tt++) {
