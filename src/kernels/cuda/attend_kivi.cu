@@ -320,14 +320,14 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
     uint32_t qh[8][2], qb[8][2];
     const int g = P.g;
 #pragma unroll
-    for (int s = 0; s < 8; s++)
+    for (int s = 0; s < 8; s++) {
+        const float qsb = qs / (float)(1 << key_bit<KB>(s)); /* exact: a power of two */
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             float v[2];
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 int c = key_channel<KB>(j, s, 2 * e + x);
-                const float qsb = qs / (float)(1 << key_bit<KB>(s));
                 v[x] = qn < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + qn) * D + c] * qsb : 0.0f;
             }
             qh[s][e] = pack_h2(v[0], v[1]);
@@ -336,6 +336,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             qb[s][e] = G4 ? (lo_col ? lo : qh[s][e]) : lo;
             if (PAIRS && !lo_col) qh[s][e] = 0;
         }
+    }
     /* The full-block test below takes has_qpos, from the parameters alone:
      * tested on qpos, the build with the PAIRS fold spent 12 % of its stall
      * samples on that test's instruction (ncu, 8 x 131072), and ran 4.7 %
