@@ -74,18 +74,29 @@ static void *to_device_at(const void *src, size_t bytes, size_t skew, void **bas
     return (char *)*base + skew;
 }
 
+/* The factors of drift_keys and drift_values for token t (see
+ * append_scaled): keys from 1 to 4 and back every ~940 tokens, values
+ * 2^-8 .. 2^8, a new power of two every 64 tokens. */
+static float drift_key(int t) { return 1.0f + 3.0f * fabsf(sinf((float)t / 300.0f)); }
+static float drift_value(int t) { return ldexpf(1.0f, (t / 64 * 7) % 17 - 8); }
+
 /* Appends the same n tokens to both caches of a pair, in `pieces` calls;
  * keys and values are standard normal (or tie-heavy: ties 1, with zero
- * minima: 2) times kscale and vscale, and the GPU's K and V sit `skew`
+ * minima: 2) times kscale and vscale (drift: times drift_key and
+ * drift_value of the token's index too), and the GPU's K and V sit `skew`
  * bytes off 16-byte alignment. */
 static void append_scaled(pair *p, int layer, int n, int pieces, vq_dtype dt, vq_rng *r, int with_pos, int ties,
-                          size_t skew, float kscale, float vscale) {
+                          size_t skew, float kscale, float vscale, int drift) {
     int H = p->cpu->cfg.n_heads_kv, d = p->cpu->cfg.head_dim;
     size_t rows = (size_t)n * H * d;
     float *k = malloc(rows * 4), *v = malloc(rows * 4);
     if (ties) fill_ties(k, rows, r, ties == 2), fill_ties(v, rows, r, ties == 2);
     else fill(k, rows, r), fill(v, rows, r);
-    for (size_t i = 0; i < rows; i++) k[i] *= kscale, v[i] *= vscale;
+    for (size_t i = 0; i < rows; i++) {
+        const int t = (int)(i / ((size_t)H * d));
+        k[i] *= kscale * (drift ? drift_key(t) : 1.0f);
+        v[i] *= vscale * (drift ? drift_value(t) : 1.0f);
+    }
     void *kh = as_dtype(k, rows, dt), *vh = as_dtype(v, rows, dt);
     size_t es = vq_dtype_size(dt);
     void *kbase, *vbase;
@@ -113,7 +124,7 @@ static void append_scaled(pair *p, int layer, int n, int pieces, vq_dtype dt, vq
 
 static void append_both(pair *p, int layer, int n, int pieces, vq_dtype dt, vq_rng *r, int with_pos, int ties,
                         size_t skew) {
-    append_scaled(p, layer, n, pieces, dt, r, with_pos, ties, skew, 1.0f, 1.0f);
+    append_scaled(p, layer, n, pieces, dt, r, with_pos, ties, skew, 1.0f, 1.0f, 0);
 }
 
 /* Compares the GPU cache's bytes with the CPU cache's. Returns the number
@@ -307,11 +318,40 @@ static void test_scaled(const char *spec, float kscale, float vscale, vq_rng *r)
         free_pair(&p);
         return;
     }
-    append_scaled(&p, 0, 1500, 2, VQ_F32, r, 0, 0, 0, kscale, vscale);
+    append_scaled(&p, 0, 1500, 2, VQ_F32, r, 0, 0, 0, kscale, vscale, 0);
     double e = attend_err(&p.gpu, 1, 0, 1, 0, 0, VQ_F32, r);
     CHECK(e < 1e-3, "%s: keys x %g, values x %g: relative error %.2e", spec, kscale, vscale, e);
     printf("%s: keys x %g, values x %g: decode %.1e\n", spec, kscale, vscale, e);
     free_pair(&p);
+}
+
+/* The KIVI decode kernel moves its running maxima and its power-of-two
+ * unit lazily, only when a block needs it (see softmax in
+ * attend_kivi.cu): keys whose scale rises and falls along the sequence and
+ * values whose scale jumps by powers of two from block to block must keep
+ * the parity. A batch of 9 sequences x 8 kv heads of 3072 tokens, so that
+ * each warp of the kernel takes several blocks (one wave: 3 partitions
+ * per kv head on an H200, 4 blocks per warp). */
+static void test_drift(const char *spec, int hq, vq_rng *r) {
+    enum { SEQS = 9, HKV = 8, N = 3072 };
+    vq_cache *g[SEQS];
+    pair p[SEQS];
+    int made = 0;
+    for (; made < SEQS; made++) {
+        p[made] = make_pair(spec, hq, HKV, 128, N + 64, 1);
+        if (!p[made].gpu || !p[made].cpu) break;
+        append_scaled(&p[made], 0, N, 1, VQ_F16, r, 0, 0, 0, 1.0f, 1.0f, 1);
+        g[made] = p[made].gpu;
+    }
+    if (made == SEQS) {
+        double e = attend_err(g, SEQS, 0, 1, 0, 0, VQ_F32, r);
+        CHECK(e < 1e-3, "%s, %d q heads per kv head: drifting scales: relative error %.2e", spec, hq / HKV, e);
+        printf("%s, %d q heads per kv head: keys x 1..4, values x 2^-8..2^8 along the sequence: decode %.1e\n", spec,
+               hq / HKV, e);
+    } else {
+        free_pair(&p[made]);
+    }
+    for (int i = 0; i < made; i++) free_pair(&p[i]);
 }
 
 /* Decode calls issued back to back, each with its own q and output, must
@@ -506,6 +546,8 @@ int main(int argc, char **argv) {
     test_scaled("kivi:bits=2", 60.0f, 1.0f, &r); /* most weights underflow */
     test_scaled("kivi:bits=4", 20.0f, 1.0f, &r);
     test_scaled("kivi:bits=4,group=64", 0.01f, 100.0f, &r);
+    test_drift("kivi:bits=2", 32, &r);
+    test_drift("kivi:bits=4", 64, &r);
     test_repeat("kivi:bits=2", &r);
     test_repeat("kivi:bits=4", &r);
     test_errors(&r);

@@ -55,10 +55,10 @@
  * the values' B operand applies anyway.
  *
  * Precision: P'_g = fp16(fp16(p) * scale) rounds twice, like the
- * dequantized value and p did before; the block's p are taken times a
- * power of two 2^eb (value_exponent; the softmax sums carry the same
- * unit) that keeps P'_g finite and out of fp16's subnormal range whatever
- * the scale of the values.
+ * dequantized value and p did before; the p are taken times a power of two
+ * 2^e_run (the softmax sums carry the same unit), set from the blocks'
+ * value scales (value_exponent) so that P'_g stays finite and out of
+ * fp16's subnormal range whatever the scale of the values.
  *
  * Fragment layout of m16n8k16 (lane = 4 i + j): A regs {row i, k 2j..2j+1},
  * {row i+8, k 2j..}, {row i, k 2j+8..}, {row i+8, k 2j+8..}; B regs {k 2j..
@@ -100,6 +100,11 @@ static __host__ __device__ constexpr int fixed_v_bytes() { return MAX_BT * VB * 
  * out of fp16's subnormal range for q * scale down to ~0.03, while
  * q * scale * 16 stays finite up to 4094 (attention scale included). */
 #define Q_SCALE 16.0f
+/* Lazy rescaling (see softmax): how far (log2 units) a score may exceed
+ * the running maximum before the maximum moves, and how many powers of two
+ * the unit 2^e_run may sit below what a block's value scales allow. */
+#define LAZY_MAX 3
+#define LAZY_UNIT 4
 
 static __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                 uint32_t b0, uint32_t b1) {
@@ -131,8 +136,9 @@ static __device__ __forceinline__ uint32_t odd_bytes(uint32_t x) {
  * adds a range test and two multiplies (on the busy ALU and FMA pipes) to
  * keep such results. For the probabilities that loss changes nothing: p
  * below 2^-126 rounds to fp16 0 before the values take it, and the row sum
- * it is added to is at least 2^-1 (the running maximum's own term is 2^eb,
- * eb >= -1), so the outputs stay bit-identical. */
+ * it is added to is at least 2^-5 (the term of the token that set the
+ * running maximum is 2^e_run, e_run >= -5), so the outputs stay
+ * bit-identical. */
 static __device__ __forceinline__ float exp2_ftz(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -236,8 +242,8 @@ static __device__ __forceinline__ void load_key_pairs(const uint16_t *m, int j, 
     }
 }
 
-/* The power of two 2^eb that a block's probabilities are scaled by (p
- * <= 2^eb): the block's largest value scale (tokens [0, n)) times 2^eb
+/* The largest power of two 2^eb that a block's probabilities may be
+ * scaled by (p <= 2^eb): the block's largest value scale (tokens [0, n)) times 2^eb
  * stays below 2^15, so P' = p * scale cannot overflow fp16, and small
  * scales are lifted out of its subnormal range (unscaled, p * scale for
  * 4-bit values of scale ~4e-4 missed the 1e-3 parity); eb is at most 15,
@@ -541,26 +547,62 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
      * the running state rescaled */
     auto softmax = [&](const unsigned char *vblk, int n, score_t &sc, float (&mx)[NR]) {
         const uint16_t *vmeta = (const uint16_t *)(vblk + (size_t)bt * vcb);
-        /* online softmax: the lane's rows (see NR) over the
-         * block; the scores are still times Q_SCALE. This block's p
-         * are taken times 2^eb (value_exponent), so l, acc and zacc move
-         * from the unit 2^e_run to 2^eb (exact: powers of two,
-         * |eb - e_run| <= 17) */
+        /* online softmax: the lane's rows (see NR) over the block; the
+         * scores are still times Q_SCALE. The p of a block are
+         * exp2(score - m + e_run): m, the running maximum, and e_run, the
+         * unit (see value_exponent), move only when they must (lazy
+         * rescaling), so that most blocks skip the rescale of l, acc and
+         * zacc (per lane 34 multiplies, the maxima's reduction across lanes
+         * and two shuffles). The bound both keep is
+         * p <= 2^(e_run + LAZY_MAX) <= 2^eb: a block moves them when a
+         * score of it exceeds m by more than LAZY_MAX (log2 units), or when
+         * its values' scales need a smaller unit (eb < e_run + LAZY_MAX),
+         * or allow one more than 2^LAZY_UNIT times larger (small scales are
+         * lifted out of fp16's subnormal range); the unit is then set one
+         * bit below the bound, so that scales up to twice as large keep it.
+         * The decision is the warp's (one branch); a move is the eager
+         * form's: a power of two for the unit, exp2 of the maxima's
+         * difference for m. kivi 2-bit
+         * 8 x 131072 on an H200: 244.2 -> 236.4 us (the rescale on every
+         * block took 56 of the 2-bit full body's 864 instructions). */
         const int eb = value_exponent<NG>(vmeta, n, bt, lane);
-        const float fs = __int_as_float((127 + eb - e_run) << 23);
-        e_run = eb;
-        float alpha[NR], mb[NR];
+        bool move = eb < e_run + LAZY_MAX || eb > e_run + LAZY_MAX + 1 + LAZY_UNIT;
+        /* the lanes of a row share its m: the test needs no reduction of mx */
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            for (int o = G4 && !PAIRS ? 2 : 4; o < 32; o *= 2)
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o));
-            float mnew = fmaxf(m[r], mx[r] * SC);
-            alpha[r] = (m[r] == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f) : exp2f(m[r] - mnew)) * fs;
-            m[r] = mnew;
-            /* a row with no score yet has only -inf scores: exp2 gives 0 */
-            mb[r] = mnew == -INFINITY ? 0.0f : mnew - (float)eb;
-            l[r] *= alpha[r];
+        for (int r = 0; r < NR; r++) move = move || mx[r] * SC > m[r] + LAZY_MAX;
+        if (__any_sync(0xffffffffu, move)) {
+            const int e_new = eb - LAZY_MAX - 1;
+            const float fs = __int_as_float((127 + e_new - e_run) << 23);
+            e_run = e_new;
+            float alpha[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                for (int o = G4 && !PAIRS ? 2 : 4; o < 32; o *= 2)
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], o));
+                float mnew = fmaxf(m[r], mx[r] * SC);
+                alpha[r] = (m[r] == -INFINITY ? (mnew == -INFINITY ? 1.0f : 0.0f) : exp2f(m[r] - mnew)) * fs;
+                m[r] = mnew;
+                l[r] *= alpha[r];
+            }
+            /* acc and zacc hold columns (heads) 2j, 2j + 1; PAIRS: their
+             * alphas from lanes 2j, 2j + 1 (lanes j >= 2 hold the zero
+             * columns 4-7) */
+            const float a0 = PAIRS ? __shfl_sync(0xffffffffu, alpha[0], (2 * j) & 3) : alpha[0];
+            const float a1 = PAIRS ? __shfl_sync(0xffffffffu, alpha[0], (2 * j + 1) & 3) : alpha[NR - 1];
+#pragma unroll
+            for (int T = 0; T < 8; T++) {
+                acc[T][0] *= a0;
+                acc[T][1] *= a1;
+                acc[T][2] *= a0;
+                acc[T][3] *= a1;
+            }
+            zacc[0] *= a0;
+            zacc[1] *= a1;
         }
+        /* a row with no score yet has only -inf scores: exp2 gives 0 */
+        float mb[NR];
+#pragma unroll
+        for (int r = 0; r < NR; r++) mb[r] = m[r] == -INFINITY ? 0.0f : m[r] - (float)e_run;
         /* p rounded to fp16 here is what the values' B operand takes */
 #pragma unroll
         for (int t16 = 0; t16 < MAX_BT / 16; t16++) {
@@ -578,19 +620,6 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 ps[row * pst + t16 * 16 + i + tok] = __float2half_rn(p);
             }
         }
-        /* acc and zacc hold columns (heads) 2j, 2j + 1; PAIRS: their alphas
-         * from lanes 2j, 2j + 1 (lanes j >= 2 hold the zero columns 4-7) */
-        const float a0 = PAIRS ? __shfl_sync(0xffffffffu, alpha[0], (2 * j) & 3) : alpha[0];
-        const float a1 = PAIRS ? __shfl_sync(0xffffffffu, alpha[0], (2 * j + 1) & 3) : alpha[NR - 1];
-#pragma unroll
-        for (int T = 0; T < 8; T++) {
-            acc[T][0] *= a0;
-            acc[T][1] *= a1;
-            acc[T][2] *= a0;
-            acc[T][3] *= a1;
-        }
-        zacc[0] *= a0;
-        zacc[1] *= a1;
     };
     /* the values of a block whose p are in ps */
     auto values = [&](const unsigned char *vblk, int n) {
