@@ -304,6 +304,7 @@ extern "C" vq_status vq_cuda_append(vq_cache *c, int layer, int n_tokens, const 
     a.dtype = (int)dtype;
     a.pos = dpos;
     a.last = c->last_pos[layer];
+    a.n_sms = g->n_sms;
     e = vq_cu_launch_append(&a);
     if (e != cudaSuccess) return vq_cu_fail(e, "launching the append kernel");
     g->win_sel[layer] = (unsigned char)nsel;

@@ -101,6 +101,7 @@ typedef struct {
      * tensors for the bulk tensor copy (encode.cu, stage_bulk) */
     int tmaps;
     CUtensorMap tmap[2];
+    int n_sms; /* the device's SMs */
 } vq_cu_append_args;
 cudaError_t vq_cu_launch_append(const vq_cu_append_args *a);
 /* Kernel attributes for the append kernels of a cache with tq-mse, once
