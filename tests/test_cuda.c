@@ -74,9 +74,9 @@ static void *to_device_at(const void *src, size_t bytes, size_t skew, void **bas
     return (char *)*base + skew;
 }
 
-/* The factors of drift_keys and drift_values for token t (see
- * append_scaled): keys from 1 to 4 and back every ~940 tokens, values
- * 2^-8 .. 2^8, a new power of two every 64 tokens. */
+/* Token t's factors in a drifting append (append_scaled): keys from 1 to
+ * 4 and back every ~940 tokens, values 2^-8 .. 2^8, a new power of two
+ * every 64 tokens. */
 static float drift_key(int t) { return 1.0f + 3.0f * fabsf(sinf((float)t / 300.0f)); }
 static float drift_value(int t) { return ldexpf(1.0f, (t / 64 * 7) % 17 - 8); }
 
@@ -354,6 +354,30 @@ static void test_drift(const char *spec, int hq, vq_rng *r) {
     for (int i = 0; i < made; i++) free_pair(&p[i]);
 }
 
+/* A KIVI append long enough for three waves of the append kernel's thread
+ * blocks, where they take items of one kind (key items or value items:
+ * encode.cu, launch_one): the blocks must equal the CPU encoder's byte for
+ * byte. bf16 rows on 16-byte boundaries (the bulk-copy instance), 8 kv
+ * heads: 16 items per 32 tokens, 4 items per thread block, 4 thread blocks
+ * per SM. */
+static void test_long_append(const char *spec, vq_rng *r) {
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess, "SM count");
+    const int n = 32 * (3 * sms * 4 * 4 / 16) + 100;
+    pair p = make_pair(spec, 32, 8, 128, n + 64, 1);
+    if (!p.gpu || !p.cpu) {
+        free_pair(&p);
+        return;
+    }
+    append_both(&p, 0, n, 1, VQ_BF16, r, 1, 0, 0);
+    size_t diff = compare_bytes(&p, spec);
+    CHECK(diff == 0, "%s: %d tokens in one append: %zu block bytes differ from the CPU encoder", spec, n, diff);
+    double e = attend_err(&p.gpu, 1, 0, 1, 0, 0, VQ_F32, r);
+    CHECK(e < 1e-3, "%s: %d tokens in one append: relative error %.2e", spec, n, e);
+    printf("%s: %d tokens in one append: %zu bytes differ, decode %.1e\n", spec, n, diff, e);
+    free_pair(&p);
+}
+
 /* Decode calls issued back to back, each with its own q and output, must
  * give the same bits as the same call run alone: a call's kernels reuse
  * the partials of the call before, and may start before that call has
@@ -548,6 +572,8 @@ int main(int argc, char **argv) {
     test_scaled("kivi:bits=4,group=64", 0.01f, 100.0f, &r);
     test_drift("kivi:bits=2", 32, &r);
     test_drift("kivi:bits=4", 64, &r);
+    test_long_append("kivi:bits=2", &r);
+    test_long_append("k=kivi:bits=4;v=kivi:bits=2,group=64", &r);
     test_repeat("kivi:bits=2", &r);
     test_repeat("kivi:bits=4", &r);
     test_errors(&r);

@@ -243,12 +243,13 @@ static __device__ __forceinline__ void load_key_pairs(const uint16_t *m, int j, 
 }
 
 /* The largest power of two 2^eb that a block's probabilities may be
- * scaled by (p <= 2^eb): the block's largest value scale (tokens [0, n)) times 2^eb
- * stays below 2^15, so P' = p * scale cannot overflow fp16, and small
- * scales are lifted out of its subnormal range (unscaled, p * scale for
- * 4-bit values of scale ~4e-4 missed the 1e-3 parity); eb is at most 15,
- * so that p, the B operand of the zeros' mma, stays finite too. Scales
- * are non-negative halves: the largest is the largest bit pattern. */
+ * scaled by (p <= 2^eb): the block's largest value scale (tokens [0, n))
+ * times 2^eb stays below 2^15, so P' = p * scale cannot overflow fp16,
+ * and small scales are lifted out of its subnormal range (unscaled,
+ * p * scale for 4-bit values of scale ~4e-4 missed the 1e-3 parity); eb
+ * is at most 15, so that p, the B operand of the zeros' mma, stays finite
+ * too. Scales are non-negative halves: the largest is the largest bit
+ * pattern. */
 template <int NG>
 static __device__ __forceinline__ int value_exponent(const uint16_t *vmeta, int n, int bt, int lane) {
     uint32_t mx = 0; /* per half: the low halves are the scales */
@@ -562,9 +563,9 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
          * bit below the bound, so that scales up to twice as large keep it.
          * The decision is the warp's (one branch); a move is the eager
          * form's: a power of two for the unit, exp2 of the maxima's
-         * difference for m. kivi 2-bit
-         * 8 x 131072 on an H200: 244.2 -> 236.4 us (the rescale on every
-         * block took 56 of the 2-bit full body's 864 instructions). */
+         * difference for m. kivi 2-bit 8 x 131072 on an H200: 244.2 ->
+         * 236.4 us (the rescale on every block took 56 of the 2-bit full
+         * body's 864 instructions). */
         const int eb = value_exponent<NG>(vmeta, n, bt, lane);
         bool move = eb < e_run + LAZY_MAX || eb > e_run + LAZY_MAX + 1 + LAZY_UNIT;
         /* the lanes of a row share its m: the test needs no reduction of mx */
