@@ -196,12 +196,16 @@ static __device__ __forceinline__ void key_mma(float (&c)[4], uint32_t a0, uint3
  * [8j, 8j + 8) (2 bits) or [16j, 16j + 16) (4 bits) of each token's
  * codes, byte b holding channels b + 32 p (2 bits) or b + 64 p (4 bits)
  * at bit position p. k-step s takes bit position p of words w and w + 1
- * (A regs 0/1 and 2/3), bytes 0 and 2 of each (even s) or 1 and 3 (odd s,
- * after a shift by 8): 2 bits: p = s / 2, w = 0; 4 bits: p = s / 4,
- * w = 2 ((s / 2) & 1). */
-template <int KB>
+ * (A regs 0/1 and 2/3): 2 bits: p = s / 2, w = 0; 4 bits: p = s / 4,
+ * w = 2 ((s / 2) & 1). PERM: each word is taken with its bytes in the
+ * order 0, 2, 1, 3 (key_word), so that its halves' low bytes are bytes 0
+ * and 1 and their high bytes 2 and 3, and k-step s takes bytes 0 and 1 of
+ * each word (even s) or 2 and 3 (odd s, after a shift by 8): adjacent
+ * channels, whose parameters are adjacent halves in memory
+ * (load_key_pairs). Otherwise bytes 0 and 2 (even s) or 1 and 3 (odd s). */
+template <int KB, bool PERM>
 static __device__ __forceinline__ int key_channel(int j, int s, int e) {
-    const int byte = (s & 1) + 2 * (e & 1) + 4 * (e >> 1);
+    const int byte = PERM ? 2 * (s & 1) + (e & 1) + 4 * (e >> 1) : (s & 1) + 2 * (e & 1) + 4 * (e >> 1);
     if (KB == 2) return 8 * j + 32 * (s >> 1) + byte;
     return 16 * j + 64 * (s >> 2) + 8 * ((s >> 1) & 1) + byte;
 }
@@ -218,11 +222,16 @@ static __device__ __forceinline__ int value_channel(int T, int i, int hi) {
     return 32 * h + 4 * i + 2 * u + hi + 64 * slot;
 }
 
+/* A word of key codes with its bytes in the order 0, 2, 1, 3 (see
+ * key_channel): one PRMT per word and tile, where pairing the channels'
+ * parameters took two PRMT per k-step and parameter set. */
+static __device__ __forceinline__ uint32_t key_word(uint32_t x) { return __byte_perm(x, 0, 0x3120); }
+
 /* The per-channel key parameters (fp16) lane group j needs, as the half2
  * pairs of the B fragments: out[s][0] = channels key_channel(j, s, 0..1),
  * out[s][1] = key_channel(j, s, 2..3). Its channels are runs of 8 (2 bits)
  * or 16 (4 bits) consecutive ones, read with 16-byte loads. */
-template <int KB>
+template <int KB, bool PERM>
 static __device__ __forceinline__ void load_key_pairs(const uint16_t *m, int j, uint32_t (&out)[8][2]) {
     uint4 x[2][2]; /* 8 channels each: [p][h] = channels 8j + 32p + 8h (2 bits: x[p / 2][p % 2]) or 16j + 64p + 8h */
 #pragma unroll
@@ -231,14 +240,20 @@ static __device__ __forceinline__ void load_key_pairs(const uint16_t *m, int j, 
         const uint4 v = *(const uint4 *)(m + (KB == 2 ? 8 * j + 32 * p : 16 * j + 64 * p + 8 * h));
         x[r >> 1][r & 1] = v;
     }
-    /* k-step s: x[s / 4][(s / 2) & 1] holds its channels; halves s & 1 of
-     * words (x, y) and (z, w) */
+    /* k-step s: x[s / 4][(s / 2) & 1] holds its channels. PERM: words x,
+     * z (even s) or y, w (odd s); else halves s & 1 of words (x, y) and
+     * (z, w) */
 #pragma unroll
     for (int s = 0; s < 8; s++) {
-        const uint32_t sel = (s & 1) ? 0x7632 : 0x5410;
         const uint4 &v = x[s >> 2][(s >> 1) & 1];
-        out[s][0] = __byte_perm(v.x, v.y, sel);
-        out[s][1] = __byte_perm(v.z, v.w, sel);
+        if constexpr (PERM) {
+            out[s][0] = (s & 1) ? v.y : v.x;
+            out[s][1] = (s & 1) ? v.w : v.z;
+        } else {
+            const uint32_t sel = (s & 1) ? 0x7632 : 0x5410;
+            out[s][0] = __byte_perm(v.x, v.y, sel);
+            out[s][1] = __byte_perm(v.z, v.w, sel);
+        }
     }
 }
 
@@ -285,6 +300,12 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
      * (heads) in the softmax: PAIRS row j, else rows 2j, 2j + 1 (G4 but not
      * PAIRS: 2 (j & 1), + 1) */
     constexpr bool PAIRS = G4 && KB == 2;
+    /* the key code words' byte order (key_channel): G4 only. H200: kivi
+     * 2-bit 8 x 131072 -1.0 %, 8 x 65536 -0.9 % (32 fewer PRMT, 16 more
+     * register moves a block: 871 -> 857 instructions, 155 -> 160
+     * registers); with 8 q heads per kv head ptxas gave the instances 5
+     * more registers and 8 B of stack, and 64 q heads ran 1.5 % slower */
+    constexpr bool PERM = G4;
     constexpr int NR = PAIRS ? 1 : 2;
     /* the scores come out in units of 2^-24 (key codes as subnormals)
      * times Q_SCALE; SC takes them to log2 units */
@@ -334,7 +355,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             float v[2];
 #pragma unroll
             for (int x = 0; x < 2; x++) {
-                int c = key_channel<KB>(j, s, 2 * e + x);
+                int c = key_channel<KB, PERM>(j, s, 2 * e + x);
                 v[x] = qn < g ? P.q[((size_t)seq * P.hq + (size_t)h * g + qn) * D + c] * qsb : 0.0f;
             }
             qh[s][e] = pack_h2(v[0], v[1]);
@@ -420,7 +441,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
 #pragma unroll
             for (int p = 0; p < NP; p++) qzp[p][0] = qzp[p][1] = qzp[p][2] = qzp[p][3] = 0;
             uint32_t zp[8][2];
-            load_key_pairs<KB>(kmeta + (size_t)(i % ((bt + GK - 1) / GK)) * 2 * D + D, j, zp);
+            load_key_pairs<KB, PERM>(kmeta + (size_t)(i % ((bt + GK - 1) / GK)) * 2 * D + D, j, zp);
 #pragma unroll
             for (int s = 0; s < 8; s++) {
                 float(&c)[4] = qzp[key_bit<KB>(s) / KB];
@@ -439,6 +460,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             }
         }
         float qz0 = 0, qz1 = 0;
+        auto kword = [](uint32_t x) { return PERM ? key_word(x) : x; }; /* a word of codes in key_channel's order */
 #pragma unroll
         for (int tp = 0; tp < MAX_BT / 32; tp++) {
             if (tp * 32 >= bt) break;
@@ -448,7 +470,7 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                  * the product's exact remainder q_hi * scale - hi (an fma,
                  * exact in fp16), plus q_lo * scale */
                 uint32_t sp[8][2];
-                load_key_pairs<KB>(kmeta + (size_t)(t0 / GK) * 2 * D, j, sp);
+                load_key_pairs<KB, PERM>(kmeta + (size_t)(t0 / GK) * 2 * D, j, sp);
 #pragma unroll
                 for (int s = 0; s < 8; s++)
 #pragma unroll
@@ -485,11 +507,12 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 uint32_t w[2][KB]; /* tokens i, i + 8: the lane's 4 KB bytes of each */
                 if constexpr (KB == 2) {
                     const uint2 x0 = *(const uint2 *)(r0 + 8 * j), x1 = *(const uint2 *)(r1 + 8 * j);
-                    w[0][0] = x0.x, w[0][1] = x0.y, w[1][0] = x1.x, w[1][1] = x1.y;
+                    w[0][0] = kword(x0.x), w[0][1] = kword(x0.y);
+                    w[1][0] = kword(x1.x), w[1][1] = kword(x1.y);
                 } else {
                     const uint4 x0 = *(const uint4 *)(r0 + 16 * j), x1 = *(const uint4 *)(r1 + 16 * j);
-                    w[0][0] = x0.x, w[0][1] = x0.y, w[0][2] = x0.z, w[0][3] = x0.w;
-                    w[1][0] = x1.x, w[1][1] = x1.y, w[1][2] = x1.z, w[1][3] = x1.w;
+                    w[0][0] = kword(x0.x), w[0][1] = kword(x0.y), w[0][2] = kword(x0.z), w[0][3] = kword(x0.w);
+                    w[1][0] = kword(x1.x), w[1][1] = kword(x1.y), w[1][2] = kword(x1.z), w[1][3] = kword(x1.w);
                 }
                 float(&a)[4] = cc[tt];
 #pragma unroll
