@@ -222,10 +222,12 @@ static __device__ __forceinline__ int value_channel(int T, int i, int hi) {
     return 32 * h + 4 * i + 2 * u + hi + 64 * slot;
 }
 
-/* A word of key codes with its bytes in the order 0, 2, 1, 3 (see
- * key_channel): one PRMT per word and tile, where pairing the channels'
- * parameters took two PRMT per k-step and parameter set. */
-static __device__ __forceinline__ uint32_t key_word(uint32_t x) { return __byte_perm(x, 0, 0x3120); }
+/* A word of key codes in key_channel's order: PERM, its bytes in the
+ * order 0, 2, 1, 3 (one PRMT per word and tile, where pairing the
+ * channels' parameters took two PRMT per k-step and parameter set); else
+ * as it is. */
+template <bool PERM>
+static __device__ __forceinline__ uint32_t key_word(uint32_t x) { return PERM ? __byte_perm(x, 0, 0x3120) : x; }
 
 /* The per-channel key parameters (fp16) lane group j needs, as the half2
  * pairs of the B fragments: out[s][0] = channels key_channel(j, s, 0..1),
@@ -460,7 +462,6 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
             }
         }
         float qz0 = 0, qz1 = 0;
-        auto kword = [](uint32_t x) { return PERM ? key_word(x) : x; }; /* a word of codes in key_channel's order */
 #pragma unroll
         for (int tp = 0; tp < MAX_BT / 32; tp++) {
             if (tp * 32 >= bt) break;
@@ -507,12 +508,14 @@ __global__ void __launch_bounds__(WARPS * 32, 3) kivi_decode(const __grid_consta
                 uint32_t w[2][KB]; /* tokens i, i + 8: the lane's 4 KB bytes of each */
                 if constexpr (KB == 2) {
                     const uint2 x0 = *(const uint2 *)(r0 + 8 * j), x1 = *(const uint2 *)(r1 + 8 * j);
-                    w[0][0] = kword(x0.x), w[0][1] = kword(x0.y);
-                    w[1][0] = kword(x1.x), w[1][1] = kword(x1.y);
+                    w[0][0] = key_word<PERM>(x0.x), w[0][1] = key_word<PERM>(x0.y);
+                    w[1][0] = key_word<PERM>(x1.x), w[1][1] = key_word<PERM>(x1.y);
                 } else {
                     const uint4 x0 = *(const uint4 *)(r0 + 16 * j), x1 = *(const uint4 *)(r1 + 16 * j);
-                    w[0][0] = kword(x0.x), w[0][1] = kword(x0.y), w[0][2] = kword(x0.z), w[0][3] = kword(x0.w);
-                    w[1][0] = kword(x1.x), w[1][1] = kword(x1.y), w[1][2] = kword(x1.z), w[1][3] = kword(x1.w);
+                    w[0][0] = key_word<PERM>(x0.x), w[0][1] = key_word<PERM>(x0.y);
+                    w[0][2] = key_word<PERM>(x0.z), w[0][3] = key_word<PERM>(x0.w);
+                    w[1][0] = key_word<PERM>(x1.x), w[1][1] = key_word<PERM>(x1.y);
+                    w[1][2] = key_word<PERM>(x1.z), w[1][3] = key_word<PERM>(x1.w);
                 }
                 float(&a)[4] = cc[tt];
 #pragma unroll
